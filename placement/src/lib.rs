@@ -1,0 +1,1 @@
+//! Starling placement engine.

@@ -1,0 +1,165 @@
+//! What a node can do: published once at start, retained by the broker, so a
+//! coordinator that connects later still learns every node.
+
+use heapless::{String, Vec};
+use serde::{Deserialize, Serialize};
+
+use crate::ids::{Label, NodeId};
+use crate::limits::{
+    MAX_DISKS, MAX_GPUS, MAX_INTERFACES, MAX_LABELS, MAX_POWER_LEVELS, MAX_RUNTIMES, NAME_LEN,
+    TEXT_LEN,
+};
+
+/// A task runtime an agent can execute.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Runtime {
+    /// WebAssembly modules with WASI preview 1, run by wasmtime.
+    Wasm,
+    /// OpenCL kernels, run through the node's OpenCL platforms.
+    Opencl,
+}
+
+impl Runtime {
+    /// The runtime's wire name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Runtime::Wasm => "wasm",
+            Runtime::Opencl => "opencl",
+        }
+    }
+}
+
+/// The node's processor.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CpuInfo {
+    /// Model name as the OS reports it.
+    pub model: String<TEXT_LEN>,
+    /// Logical cores.
+    pub cores: u16,
+    /// Lowest frequency in MHz (0 when unknown).
+    pub min_mhz: u32,
+    /// Highest frequency in MHz (0 when unknown).
+    pub max_mhz: u32,
+}
+
+/// What kind of OpenCL device a GPU entry is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum GpuKind {
+    /// A graphics processor.
+    Gpu,
+    /// A CPU exposed as an OpenCL device (PoCL, for instance).
+    Cpu,
+    /// A dedicated accelerator.
+    Accelerator,
+    /// Anything else the platform reports.
+    Other,
+}
+
+/// One OpenCL device.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct GpuDevice {
+    /// The OpenCL platform's name.
+    pub platform: String<NAME_LEN>,
+    /// The device vendor.
+    pub vendor: String<NAME_LEN>,
+    /// The device name.
+    pub name: String<TEXT_LEN>,
+    /// Device type.
+    pub kind: GpuKind,
+    /// Compute units.
+    pub compute_units: u32,
+    /// Global memory in bytes.
+    pub memory_bytes: u64,
+    /// Highest clock in MHz.
+    pub max_clock_mhz: u32,
+}
+
+/// Where a disk's I/O rate came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum RateSource {
+    /// Measured by the agent.
+    Measured,
+    /// Declared by the operator in the agent's config.
+    Declared,
+    /// Not known.
+    Unknown,
+}
+
+/// One disk and its I/O rate.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct DiskInfo {
+    /// Device name.
+    pub name: String<NAME_LEN>,
+    /// Mount point.
+    pub mount: String<TEXT_LEN>,
+    /// Capacity in bytes.
+    pub total_bytes: u64,
+    /// Free space in bytes.
+    pub available_bytes: u64,
+    /// Sequential read rate in MB/s (0 when unknown).
+    pub read_mbps: f32,
+    /// Sequential write rate in MB/s (0 when unknown).
+    pub write_mbps: f32,
+    /// Where the rates came from.
+    pub rate_source: RateSource,
+}
+
+/// One network interface.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct NetInterface {
+    /// Interface name.
+    pub name: String<NAME_LEN>,
+    /// Hardware address, when it has one.
+    pub mac: Option<String<NAME_LEN>>,
+    /// Link speed in Mbit/s, when known.
+    pub speed_mbps: Option<u32>,
+}
+
+/// One power level a node offers (a DVFS operating point or a power profile).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PowerLevel {
+    /// Index, 0 being the lowest.
+    pub level: u8,
+    /// Name for people (`powersave`, `balanced`, `performance`).
+    pub name: String<NAME_LEN>,
+    /// Execution speed relative to the highest level (0 < s ≤ 1).
+    pub speed_factor: f32,
+    /// Power drawn when idle at this level, in watts.
+    pub idle_watts: f32,
+    /// Power drawn when fully busy at this level, in watts.
+    pub active_watts: f32,
+}
+
+/// Everything a node can do, sent at start and retained.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Capability {
+    /// Protocol version.
+    pub v: u16,
+    /// The node's id.
+    pub node_id: NodeId,
+    /// The agent's version.
+    pub agent_version: String<NAME_LEN>,
+    /// CPU architecture (`x86_64`, `aarch64`, ...).
+    pub arch: String<NAME_LEN>,
+    /// Operating system and version.
+    pub os: String<TEXT_LEN>,
+    /// The processor.
+    pub cpu: CpuInfo,
+    /// Total memory in bytes.
+    pub memory_bytes: u64,
+    /// OpenCL devices; empty when the node has no OpenCL platform.
+    pub gpus: Vec<GpuDevice, MAX_GPUS>,
+    /// Disks.
+    pub disks: Vec<DiskInfo, MAX_DISKS>,
+    /// Network interfaces.
+    pub interfaces: Vec<NetInterface, MAX_INTERFACES>,
+    /// Operator labels.
+    pub labels: Vec<Label, MAX_LABELS>,
+    /// Runtimes the agent can execute.
+    pub runtimes: Vec<Runtime, MAX_RUNTIMES>,
+    /// Power levels the node offers, lowest first.
+    pub power_levels: Vec<PowerLevel, MAX_POWER_LEVELS>,
+}

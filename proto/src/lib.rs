@@ -1,0 +1,38 @@
+//! Starling's wire contract: the messages that agents and coordinators exchange
+//! over MQTT, their CBOR codec, and the topic names they travel on.
+//!
+//! This crate is the only contract between an agent and a coordinator. It does
+//! no I/O, knows nothing of MQTT clients, HTTP or tokio, and builds without `std`
+//! (with `alloc`) so that the smallest agent builds can share it.
+//!
+//! Every message carries the protocol version [`PROTOCOL_VERSION`], which is
+//! separate from the crate's version: it changes only when the bytes on the wire
+//! change in a way an older peer cannot read.
+#![cfg_attr(not(feature = "std"), no_std)]
+#![forbid(unsafe_code)]
+#![warn(missing_docs)]
+
+extern crate alloc;
+
+pub mod capability;
+pub mod codec;
+pub mod ids;
+pub mod limits;
+pub mod status;
+pub mod task;
+pub mod telemetry;
+pub mod topic;
+
+pub use capability::{
+    Capability, CpuInfo, DiskInfo, GpuDevice, GpuKind, NetInterface, PowerLevel, RateSource,
+    Runtime,
+};
+pub use codec::{decode, encode, DecodeError, EncodeError, Message};
+pub use ids::{Digest, IdError, Label, NodeId, TaskId};
+pub use status::{NodeState, Status};
+pub use task::{Assignment, Cancel, ExecLimits, ExecMetrics, FailureReason, TaskEvent, TaskState};
+pub use telemetry::{LinkState, Telemetry};
+pub use topic::{Channel, TopicError, Topics};
+
+/// The version of the wire format every message carries in its `v` field.
+pub const PROTOCOL_VERSION: u16 = 1;

@@ -1,0 +1,206 @@
+//! Work sent to a node and what the node says about it.
+
+use alloc::vec::Vec;
+
+use heapless::String;
+use serde::{Deserialize, Serialize};
+
+use crate::capability::Runtime;
+use crate::ids::{Digest, NodeId, TaskId};
+use crate::limits::{ARG_LEN, MAX_ARGS, MESSAGE_LEN, URL_LEN};
+
+/// Limits the agent enforces while a task runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ExecLimits {
+    /// Wall-clock limit in milliseconds.
+    pub wall_ms: u64,
+    /// Linear memory limit in bytes.
+    pub memory_bytes: u64,
+    /// Output (stdout) limit in bytes.
+    pub output_bytes: u64,
+}
+
+impl Default for ExecLimits {
+    fn default() -> Self {
+        Self {
+            wall_ms: 10_000,
+            memory_bytes: 64 * 1024 * 1024,
+            output_bytes: 256 * 1024,
+        }
+    }
+}
+
+/// An instruction to run one attempt of a task.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Assignment {
+    /// Protocol version.
+    pub v: u16,
+    /// The task.
+    pub task_id: TaskId,
+    /// Attempt number, from 1; a retry on another node gets a new attempt.
+    pub attempt: u32,
+    /// The runtime to use.
+    pub runtime: Runtime,
+    /// sha256 of the module; the agent refuses bytes that hash otherwise.
+    pub artifact: Digest,
+    /// Where to fetch the module if it is not cached (HTTP GET).
+    pub artifact_url: String<URL_LEN>,
+    /// Arguments (argv after the program name).
+    pub args: heapless::Vec<String<ARG_LEN>, MAX_ARGS>,
+    /// Input, given to the task on stdin.
+    #[serde(with = "serde_bytes")]
+    pub input: Vec<u8>,
+    /// Limits to enforce.
+    pub limits: ExecLimits,
+    /// The power level the coordinator chose for this task.
+    pub power_level: u8,
+    /// Deadline as Unix time in milliseconds, if the task has one.
+    pub deadline_unix_ms: Option<u64>,
+}
+
+/// An instruction to stop an attempt.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Cancel {
+    /// Protocol version.
+    pub v: u16,
+    /// The task.
+    pub task_id: TaskId,
+    /// The attempt to stop.
+    pub attempt: u32,
+}
+
+/// Where an attempt stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum TaskState {
+    /// The agent took the assignment.
+    Accepted,
+    /// The task is executing.
+    Running,
+    /// It finished; `output` holds its stdout.
+    Succeeded,
+    /// It failed; `reason` and `message` say why.
+    Failed,
+    /// It was cancelled before finishing.
+    Cancelled,
+}
+
+impl TaskState {
+    /// Whether no further event follows this one for the same attempt.
+    pub fn is_terminal(self) -> bool {
+        matches!(
+            self,
+            TaskState::Succeeded | TaskState::Failed | TaskState::Cancelled
+        )
+    }
+}
+
+/// Why an attempt failed, as a code a program can act on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FailureReason {
+    /// The module could not be fetched.
+    FetchFailed,
+    /// The fetched bytes did not match the digest.
+    DigestMismatch,
+    /// The bytes are not a valid module.
+    InvalidModule,
+    /// The agent cannot run this runtime.
+    UnsupportedRuntime,
+    /// The wall-clock limit was reached.
+    Timeout,
+    /// The module tried to grow memory past its limit.
+    MemoryLimit,
+    /// The module wrote more output than allowed.
+    OutputLimit,
+    /// The module trapped.
+    Trap,
+    /// The module exited with a non-zero status.
+    ExitCode,
+    /// The agent is shutting down or out of capacity.
+    AgentBusy,
+    /// Anything else.
+    Internal,
+}
+
+/// Measurements of a finished attempt.
+#[derive(Debug, Clone, Copy, PartialEq, Default, Serialize, Deserialize)]
+pub struct ExecMetrics {
+    /// Wall time of the execution, in milliseconds.
+    pub wall_ms: u64,
+    /// Time spent compiling or loading the module, in milliseconds.
+    pub compile_ms: u64,
+    /// Peak linear memory, in bytes.
+    pub peak_memory_bytes: u64,
+    /// Whether the module came from the agent's cache.
+    pub cache_hit: bool,
+}
+
+/// A change in an attempt's state, sent by the agent (QoS 1).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TaskEvent {
+    /// Protocol version.
+    pub v: u16,
+    /// The task.
+    pub task_id: TaskId,
+    /// The attempt.
+    pub attempt: u32,
+    /// The node sending it.
+    pub node_id: NodeId,
+    /// The new state.
+    pub state: TaskState,
+    /// Output, for `succeeded`.
+    #[serde(with = "serde_bytes", default)]
+    pub output: Vec<u8>,
+    /// Failure code, for `failed`.
+    pub reason: Option<FailureReason>,
+    /// Message for people, for `failed`.
+    pub message: Option<String<MESSAGE_LEN>>,
+    /// Exit code of the module, when it exited.
+    pub exit_code: Option<i32>,
+    /// Measurements, for terminal states.
+    pub metrics: Option<ExecMetrics>,
+}
+
+impl TaskEvent {
+    /// An event with only a state: accepted, running, cancelled.
+    pub fn state(task_id: TaskId, attempt: u32, node_id: NodeId, state: TaskState) -> Self {
+        Self {
+            v: crate::PROTOCOL_VERSION,
+            task_id,
+            attempt,
+            node_id,
+            state,
+            output: Vec::new(),
+            reason: None,
+            message: None,
+            exit_code: None,
+            metrics: None,
+        }
+    }
+
+    /// A failure, with its message cut to fit the wire bound.
+    pub fn failed(
+        task_id: TaskId,
+        attempt: u32,
+        node_id: NodeId,
+        reason: FailureReason,
+        message: &str,
+    ) -> Self {
+        let mut event = Self::state(task_id, attempt, node_id, TaskState::Failed);
+        event.reason = Some(reason);
+        event.message = Some(truncate(message));
+        event
+    }
+}
+
+/// Cuts text to the message bound on a character boundary.
+pub fn truncate<const N: usize>(s: &str) -> String<N> {
+    let mut out = String::new();
+    for c in s.chars() {
+        if out.push(c).is_err() {
+            break;
+        }
+    }
+    out
+}

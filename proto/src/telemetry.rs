@@ -1,0 +1,47 @@
+//! What a node is doing now: published periodically (1 s by default).
+
+use serde::{Deserialize, Serialize};
+
+use crate::ids::NodeId;
+
+/// The network path from the node to the broker, as the agent measured it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct LinkState {
+    /// Round-trip time to the broker in milliseconds, when measured.
+    pub rtt_ms: Option<f32>,
+    /// Bandwidth toward the broker in Mbit/s, when measured.
+    pub bandwidth_mbps: Option<f32>,
+    /// Fraction of probes lost (0..=1), when measured.
+    pub loss: Option<f32>,
+}
+
+/// A periodic report of load and state.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Telemetry {
+    /// Protocol version.
+    pub v: u16,
+    /// The node's id.
+    pub node_id: NodeId,
+    /// Sequence number, increasing per agent run; lets the coordinator drop stale reports.
+    pub seq: u64,
+    /// Milliseconds since the agent started.
+    pub uptime_ms: u64,
+    /// CPU load, 0..=1 over all cores.
+    pub cpu_load: f32,
+    /// Free memory in bytes.
+    pub free_memory_bytes: u64,
+    /// Disk read rate over the last period, bytes per second.
+    pub io_read_bps: u64,
+    /// Disk write rate over the last period, bytes per second.
+    pub io_write_bps: u64,
+    /// Network state toward the broker.
+    pub link: LinkState,
+    /// Tasks executing now.
+    pub running_tasks: u16,
+    /// Tasks accepted but waiting for a slot.
+    pub queued_tasks: u16,
+    /// The power level in force (an index into the capability's levels).
+    pub power_level: u8,
+    /// Estimated energy used since the agent started, in joules.
+    pub energy_joules: f64,
+}
