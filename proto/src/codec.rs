@@ -221,7 +221,9 @@ pub fn check_shape(bytes: &[u8], max_depth: usize) -> Result<(), DecodeError> {
             stack.pop();
         }
         let Some(top) = stack.last_mut() else { break };
-        let initial = *bytes.get(pos).ok_or(DecodeError::Malformed("truncated input"))?;
+        let initial = *bytes
+            .get(pos)
+            .ok_or(DecodeError::Malformed("truncated input"))?;
         pos += 1;
         if initial == 0xff {
             match top {
@@ -266,7 +268,9 @@ pub fn check_shape(bytes: &[u8], max_depth: usize) -> Result<(), DecodeError> {
             }
             (4, Some(count)) | (5, Some(count)) => {
                 let items = if major == 5 {
-                    count.checked_mul(2).ok_or(DecodeError::Malformed("map too long"))?
+                    count
+                        .checked_mul(2)
+                        .ok_or(DecodeError::Malformed("map too long"))?
                 } else {
                     count
                 };

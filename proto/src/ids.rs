@@ -214,7 +214,10 @@ impl Label {
                 kind: "label value",
                 max: LABEL_VALUE_LEN,
             })?;
-        if value.chars().any(|c| c.is_control() || c == ',' || c == '=') {
+        if value
+            .chars()
+            .any(|c| c.is_control() || c == ',' || c == '=')
+        {
             return Err(IdError::BadCharacter {
                 kind: "label value",
                 allowed: "printable text without ',' or '='",
@@ -261,9 +264,18 @@ mod tests {
     fn node_ids_reject_topic_wildcards_and_length() {
         assert!(NodeId::new("pi-kitchen.01").is_ok());
         assert!(matches!(NodeId::new(""), Err(IdError::Empty { .. })));
-        assert!(matches!(NodeId::new("a/b"), Err(IdError::BadCharacter { .. })));
-        assert!(matches!(NodeId::new("a+"), Err(IdError::BadCharacter { .. })));
-        assert!(matches!(NodeId::new("#"), Err(IdError::BadCharacter { .. })));
+        assert!(matches!(
+            NodeId::new("a/b"),
+            Err(IdError::BadCharacter { .. })
+        ));
+        assert!(matches!(
+            NodeId::new("a+"),
+            Err(IdError::BadCharacter { .. })
+        ));
+        assert!(matches!(
+            NodeId::new("#"),
+            Err(IdError::BadCharacter { .. })
+        ));
         let long = "x".repeat(NODE_ID_LEN + 1);
         assert!(matches!(NodeId::new(&long), Err(IdError::TooLong { .. })));
     }

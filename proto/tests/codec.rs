@@ -1,0 +1,456 @@
+//! Round trips of every message through the codec, decoding by an independent
+//! CBOR reader, and the refusal of garbage, oversize and deep input.
+#![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
+
+use proptest::prelude::*;
+use proptest::strategy::ValueTree;
+use starling_proto::limits::{MAX_MESSAGE_BYTES, MAX_NESTING_DEPTH};
+use starling_proto::*;
+
+fn hs<const N: usize>(s: &str) -> heapless::String<N> {
+    heapless::String::try_from(s).unwrap()
+}
+
+fn node_id() -> impl Strategy<Value = NodeId> {
+    "[a-zA-Z0-9_.:-]{1,64}".prop_map(|s| NodeId::new(&s).unwrap())
+}
+
+fn task_id() -> impl Strategy<Value = TaskId> {
+    "[a-zA-Z0-9_.:-]{1,64}".prop_map(|s| TaskId::new(&s).unwrap())
+}
+
+fn digest() -> impl Strategy<Value = Digest> {
+    any::<[u8; 32]>().prop_map(Digest)
+}
+
+fn label() -> impl Strategy<Value = Label> {
+    ("[a-z0-9_./-]{1,32}", "[a-zA-Z0-9 _.:-]{0,64}").prop_map(|(k, v)| Label::new(&k, &v).unwrap())
+}
+
+fn finite() -> impl Strategy<Value = f32> {
+    -1.0e6f32..1.0e6f32
+}
+
+fn capability() -> impl Strategy<Value = Capability> {
+    (
+        node_id(),
+        prop::collection::vec(label(), 0..8),
+        prop::collection::vec((any::<u32>(), any::<u64>(), "[ -~]{0,40}"), 0..4),
+        (1u16..512, any::<u64>(), any::<u32>(), any::<u32>()),
+        prop::collection::vec((finite(), finite(), finite()), 0..4),
+    )
+        .prop_map(
+            |(node_id, labels, gpus, (cores, memory, min, max), levels)| {
+                let mut cap = Capability {
+                    v: PROTOCOL_VERSION,
+                    node_id,
+                    agent_version: hs("0.1.0"),
+                    arch: hs("aarch64"),
+                    os: hs("Linux 6.1"),
+                    cpu: CpuInfo {
+                        model: hs("Cortex-A72"),
+                        cores,
+                        min_mhz: min,
+                        max_mhz: max,
+                    },
+                    memory_bytes: memory,
+                    gpus: heapless::Vec::new(),
+                    disks: heapless::Vec::new(),
+                    interfaces: heapless::Vec::new(),
+                    labels: heapless::Vec::new(),
+                    runtimes: heapless::Vec::from_slice(&[Runtime::Wasm, Runtime::Opencl]).unwrap(),
+                    power_levels: heapless::Vec::new(),
+                };
+                for l in labels {
+                    cap.labels.push(l).unwrap();
+                }
+                for (cu, mem, name) in gpus {
+                    cap.gpus
+                        .push(GpuDevice {
+                            platform: hs("Portable Computing Language"),
+                            vendor: hs("pocl"),
+                            name: hs(&name),
+                            kind: GpuKind::Cpu,
+                            compute_units: cu,
+                            memory_bytes: mem,
+                            max_clock_mhz: 1500,
+                        })
+                        .unwrap();
+                }
+                for (i, (s, idle, active)) in levels.into_iter().enumerate() {
+                    cap.power_levels
+                        .push(PowerLevel {
+                            level: i as u8,
+                            name: hs("level"),
+                            speed_factor: s,
+                            idle_watts: idle,
+                            active_watts: active,
+                        })
+                        .unwrap();
+                }
+                cap.disks
+                    .push(DiskInfo {
+                        name: hs("mmcblk0"),
+                        mount: hs("/"),
+                        total_bytes: 32 << 30,
+                        available_bytes: 10 << 30,
+                        read_mbps: 90.0,
+                        write_mbps: 30.0,
+                        rate_source: RateSource::Measured,
+                    })
+                    .unwrap();
+                cap.interfaces
+                    .push(NetInterface {
+                        name: hs("wlan0"),
+                        mac: Some(hs("dc:a6:32:00:00:01")),
+                        speed_mbps: None,
+                    })
+                    .unwrap();
+                cap
+            },
+        )
+}
+
+fn assignment() -> impl Strategy<Value = Assignment> {
+    (
+        task_id(),
+        any::<u32>(),
+        digest(),
+        prop::collection::vec("[ -~]{0,32}", 0..6),
+        prop::collection::vec(any::<u8>(), 0..2048),
+        any::<u8>(),
+        proptest::option::of(any::<u64>()),
+    )
+        .prop_map(
+            |(task_id, attempt, artifact, args, input, power_level, deadline)| Assignment {
+                v: PROTOCOL_VERSION,
+                task_id,
+                attempt,
+                runtime: Runtime::Wasm,
+                artifact,
+                artifact_url: hs("http://127.0.0.1:7878/api/v1/artifacts/x"),
+                args: args.iter().map(|a| hs(a)).collect(),
+                input,
+                limits: ExecLimits::default(),
+                power_level,
+                deadline_unix_ms: deadline,
+            },
+        )
+}
+
+fn event() -> impl Strategy<Value = TaskEvent> {
+    (
+        task_id(),
+        any::<u32>(),
+        node_id(),
+        prop::collection::vec(any::<u8>(), 0..2048),
+        proptest::option::of(any::<i32>()),
+        "[ -~]{0,100}",
+    )
+        .prop_map(|(task_id, attempt, node_id, output, exit_code, message)| {
+            let mut e =
+                TaskEvent::failed(task_id, attempt, node_id, FailureReason::Timeout, &message);
+            e.output = output;
+            e.exit_code = exit_code;
+            e.metrics = Some(ExecMetrics {
+                wall_ms: 12,
+                compile_ms: 3,
+                peak_memory_bytes: 65536,
+                cache_hit: true,
+            });
+            e
+        })
+}
+
+fn telemetry() -> impl Strategy<Value = Telemetry> {
+    (
+        node_id(),
+        any::<u64>(),
+        0.0f32..1.0,
+        any::<u64>(),
+        proptest::option::of(finite()),
+    )
+        .prop_map(|(node_id, seq, load, free, rtt)| Telemetry {
+            v: PROTOCOL_VERSION,
+            node_id,
+            seq,
+            uptime_ms: seq.wrapping_mul(1000),
+            cpu_load: load,
+            free_memory_bytes: free,
+            io_read_bps: 1000,
+            io_write_bps: 2000,
+            link: LinkState {
+                rtt_ms: rtt,
+                bandwidth_mbps: None,
+                loss: Some(0.0),
+            },
+            running_tasks: 1,
+            queued_tasks: 2,
+            power_level: 1,
+            energy_joules: 12.5,
+        })
+}
+
+proptest! {
+    #[test]
+    fn capability_round_trips(m in capability()) {
+        let bytes = encode(&m).unwrap();
+        prop_assert_eq!(decode::<Capability>(&bytes).unwrap(), m);
+    }
+
+    #[test]
+    fn telemetry_round_trips(m in telemetry()) {
+        let bytes = encode(&m).unwrap();
+        prop_assert_eq!(decode::<Telemetry>(&bytes).unwrap(), m);
+    }
+
+    #[test]
+    fn assignment_round_trips(m in assignment()) {
+        let bytes = encode(&m).unwrap();
+        prop_assert_eq!(decode::<Assignment>(&bytes).unwrap(), m);
+    }
+
+    #[test]
+    fn event_round_trips(m in event()) {
+        let bytes = encode(&m).unwrap();
+        prop_assert_eq!(decode::<TaskEvent>(&bytes).unwrap(), m);
+    }
+
+    #[test]
+    fn status_and_cancel_round_trip(n in node_id(), t in task_id(), attempt in any::<u32>(), online in any::<bool>()) {
+        let status = Status { v: PROTOCOL_VERSION, node_id: n, state: if online { NodeState::Online } else { NodeState::Offline } };
+        prop_assert_eq!(decode::<Status>(&encode(&status).unwrap()).unwrap(), status);
+        let cancel = Cancel { v: PROTOCOL_VERSION, task_id: t, attempt };
+        prop_assert_eq!(decode::<Cancel>(&encode(&cancel).unwrap()).unwrap(), cancel);
+    }
+
+    /// Garbage never panics: it decodes to a typed error (or, rarely, a valid message).
+    #[test]
+    fn garbage_never_panics(bytes in prop::collection::vec(any::<u8>(), 0..4096)) {
+        let _ = decode::<Capability>(&bytes);
+        let _ = decode::<Telemetry>(&bytes);
+        let _ = decode::<Assignment>(&bytes);
+        let _ = decode::<TaskEvent>(&bytes);
+        let _ = decode::<Status>(&bytes);
+        let _ = decode::<Cancel>(&bytes);
+    }
+
+    /// Every strict prefix of a valid message is refused as malformed, before serde sees it.
+    #[test]
+    fn truncated_messages_are_malformed(m in event(), cut in 0usize..100) {
+        let bytes = encode(&m).unwrap();
+        let cut = cut % bytes.len();
+        let err = decode::<TaskEvent>(&bytes[..cut]).unwrap_err();
+        prop_assert!(matches!(err, DecodeError::Malformed(_)), "{}", err);
+    }
+}
+
+#[test]
+fn a_generic_cbor_reader_sees_named_fields() {
+    let status = Status {
+        v: PROTOCOL_VERSION,
+        node_id: NodeId::new("pi-1").unwrap(),
+        state: NodeState::Offline,
+    };
+    let bytes = encode(&status).unwrap();
+    let value: ciborium::Value = ciborium::from_reader(bytes.as_slice()).unwrap();
+    let map = value.as_map().expect("a CBOR map");
+    let get = |k: &str| {
+        map.iter()
+            .find(|(key, _)| key.as_text() == Some(k))
+            .map(|(_, v)| v.clone())
+    };
+    assert_eq!(get("v").unwrap().as_integer().map(i128::from), Some(1));
+    assert_eq!(get("node_id").unwrap().as_text(), Some("pi-1"));
+    assert_eq!(get("state").unwrap().as_text(), Some("offline"));
+}
+
+/// The exact bytes of a small message, so a change to the wire format shows up
+/// in review rather than in the field.
+#[test]
+fn status_bytes_are_stable() {
+    let status = Status {
+        v: PROTOCOL_VERSION,
+        node_id: NodeId::new("n1").unwrap(),
+        state: NodeState::Online,
+    };
+    let bytes = encode(&status).unwrap();
+    // {"v": 1, "node_id": "n1", "state": "online"}
+    let expected: &[u8] = &[
+        0xa3, 0x61, b'v', 0x01, 0x67, b'n', b'o', b'd', b'e', b'_', b'i', b'd', 0x62, b'n', b'1',
+        0x65, b's', b't', b'a', b't', b'e', 0x66, b'o', b'n', b'l', b'i', b'n', b'e',
+    ];
+    assert_eq!(bytes, expected);
+}
+
+#[test]
+fn oversize_input_is_refused_before_parsing() {
+    let bytes = vec![0u8; MAX_MESSAGE_BYTES + 1];
+    assert_eq!(
+        decode::<Status>(&bytes).unwrap_err(),
+        DecodeError::TooLarge {
+            len: MAX_MESSAGE_BYTES + 1,
+            max: MAX_MESSAGE_BYTES
+        }
+    );
+}
+
+#[test]
+fn deep_nesting_is_refused() {
+    // 1000 nested one-element arrays: would recurse deeply in a naive decoder.
+    let mut bytes = vec![0x81u8; 1000];
+    bytes.push(0x00);
+    assert_eq!(
+        decode::<Status>(&bytes).unwrap_err(),
+        DecodeError::TooDeep {
+            max: MAX_NESTING_DEPTH
+        }
+    );
+    // Indefinite-length arrays nest just the same.
+    let mut bytes = vec![0x9fu8; 100];
+    bytes.extend(std::iter::repeat_n(0xffu8, 100));
+    assert!(matches!(
+        decode::<Status>(&bytes),
+        Err(DecodeError::TooDeep { .. })
+    ));
+}
+
+#[test]
+fn lying_lengths_are_refused() {
+    // A map claiming 2^32 entries in a 9-byte message.
+    let bytes = [0xbb, 0, 0, 0, 1, 0, 0, 0, 0];
+    assert_eq!(
+        decode::<Status>(&bytes).unwrap_err(),
+        DecodeError::Malformed("container longer than input")
+    );
+    // A text string claiming more bytes than remain.
+    assert_eq!(
+        decode::<Status>(&[0x7a, 0xff, 0xff, 0xff, 0xff, b'a']).unwrap_err(),
+        DecodeError::Malformed("string longer than input")
+    );
+    // Trailing bytes after a complete item.
+    assert_eq!(
+        decode::<Status>(&[0xa0, 0x00]).unwrap_err(),
+        DecodeError::Malformed("trailing bytes after the message")
+    );
+}
+
+#[test]
+fn wrong_shapes_and_versions_are_typed_errors() {
+    let status = Status {
+        v: 99,
+        node_id: NodeId::new("n1").unwrap(),
+        state: NodeState::Online,
+    };
+    let bytes = serde_cbor::to_vec(&status).unwrap();
+    assert_eq!(
+        decode::<Status>(&bytes).unwrap_err(),
+        DecodeError::UnsupportedVersion {
+            message: "status",
+            got: 99,
+            supported: PROTOCOL_VERSION
+        }
+    );
+    // A well-formed map that is not a status.
+    let err = decode::<Status>(&[0xa0]).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            DecodeError::Invalid {
+                message: "status",
+                ..
+            }
+        ),
+        "{err}"
+    );
+    // A node id with a topic wildcard is refused by the id's own check.
+    let bytes = serde_cbor::to_vec(&serde_cbor::Value::Map(
+        [
+            (
+                serde_cbor::Value::Text("v".into()),
+                serde_cbor::Value::Integer(1),
+            ),
+            (
+                serde_cbor::Value::Text("node_id".into()),
+                serde_cbor::Value::Text("a/#".into()),
+            ),
+            (
+                serde_cbor::Value::Text("state".into()),
+                serde_cbor::Value::Text("online".into()),
+            ),
+        ]
+        .into_iter()
+        .collect(),
+    ))
+    .unwrap();
+    let err = decode::<Status>(&bytes).unwrap_err();
+    assert!(
+        err.to_string().contains("node id may only contain"),
+        "{err}"
+    );
+}
+
+#[test]
+fn oversize_inline_input_is_refused_both_ways() {
+    let mut a = Assignment {
+        v: PROTOCOL_VERSION,
+        task_id: TaskId::new("t1").unwrap(),
+        attempt: 1,
+        runtime: Runtime::Wasm,
+        artifact: Digest([0; 32]),
+        artifact_url: hs("http://x"),
+        args: heapless::Vec::new(),
+        input: vec![0; limits::MAX_INLINE_INPUT_BYTES + 1],
+        limits: ExecLimits::default(),
+        power_level: 0,
+        deadline_unix_ms: None,
+    };
+    assert!(matches!(encode(&a), Err(EncodeError::Invalid { .. })));
+    let bytes = serde_cbor::to_vec(&a).unwrap();
+    assert!(matches!(
+        decode::<Assignment>(&bytes),
+        Err(DecodeError::Invalid { .. })
+    ));
+    a.input.truncate(10);
+    assert!(encode(&a).is_ok());
+}
+
+#[test]
+fn too_many_labels_are_refused() {
+    // Build a capability map by hand with one label more than allowed.
+    let cap = capability()
+        .new_tree(&mut proptest::test_runner::TestRunner::deterministic())
+        .unwrap()
+        .current();
+    let mut value: serde_cbor::Value =
+        serde_cbor::from_slice(&serde_cbor::to_vec(&cap).unwrap()).unwrap();
+    if let serde_cbor::Value::Map(map) = &mut value {
+        let labels: Vec<serde_cbor::Value> = (0..=limits::MAX_LABELS)
+            .map(|i| {
+                serde_cbor::Value::Map(
+                    [
+                        (
+                            serde_cbor::Value::Text("key".into()),
+                            serde_cbor::Value::Text(format!("k{i}")),
+                        ),
+                        (
+                            serde_cbor::Value::Text("value".into()),
+                            serde_cbor::Value::Text("v".into()),
+                        ),
+                    ]
+                    .into_iter()
+                    .collect(),
+                )
+            })
+            .collect();
+        map.insert(
+            serde_cbor::Value::Text("labels".into()),
+            serde_cbor::Value::Array(labels),
+        );
+    }
+    let bytes = serde_cbor::to_vec(&value).unwrap();
+    assert!(matches!(
+        decode::<Capability>(&bytes),
+        Err(DecodeError::Invalid { .. })
+    ));
+}
