@@ -1,0 +1,120 @@
+//! The spine, whole and real: agents report over MQTT, the coordinator places a
+//! wasm task submitted through the CLI, an agent runs it, and the CLI prints
+//! its output. Against Mosquitto, against the embedded broker, and with the
+//! PostgreSQL store.
+#![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
+
+use std::time::Duration;
+
+use starling_tests::{modules, wasm_file, Agent, Coordinator, Mosquitto, PostgresDb, Store};
+
+/// Submits the echo module through `starling run --wait` and checks its output.
+fn run_echo(coordinator: &Coordinator, dir: &std::path::Path, input: &str) {
+    let echo = wasm_file(dir, "echo", modules::ECHO);
+    let out = coordinator.cli(
+        &[
+            "run",
+            echo.to_str().unwrap(),
+            "--input",
+            "-",
+            "--deadline",
+            "30s",
+            "--wait",
+        ],
+        Some(input.as_bytes()),
+    );
+    assert!(
+        out.status.success(),
+        "starling run failed: {}\n{}",
+        String::from_utf8_lossy(&out.stderr),
+        coordinator.process.log()
+    );
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        format!("echo:{input}")
+    );
+}
+
+/// Runs several tasks and returns the set of nodes that ran them.
+fn run_many(coordinator: &Coordinator, dir: &std::path::Path, count: usize) -> Vec<String> {
+    let echo = wasm_file(dir, "echo", modules::ECHO);
+    let mut nodes = Vec::new();
+    for i in 0..count {
+        let out = coordinator.cli(
+            &[
+                "run",
+                echo.to_str().unwrap(),
+                "--input",
+                "-",
+                "--wait",
+                "--json",
+            ],
+            Some(format!("task {i}").as_bytes()),
+        );
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let task: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!(task["state"], "succeeded", "{task}");
+        nodes.push(task["node_id"].as_str().unwrap_or_default().to_string());
+    }
+    nodes
+}
+
+#[test]
+fn two_agents_over_mosquitto_with_sqlite() {
+    let broker = Mosquitto::start();
+    let coordinator = Coordinator::start(Some(&broker.url), Store::Sqlite, &[]);
+    let _a = Agent::start(&broker.url, "edge-a", "zone=lab");
+    let _b = Agent::start(&broker.url, "edge-b", "zone=field");
+    coordinator.wait_for_nodes(2, Duration::from_secs(30));
+    let dir = tempfile::tempdir().unwrap();
+    run_echo(&coordinator, dir.path(), "hello over mosquitto");
+    let nodes = run_many(&coordinator, dir.path(), 6);
+    assert!(
+        nodes.iter().all(|n| n == "edge-a" || n == "edge-b"),
+        "{nodes:?}"
+    );
+}
+
+#[test]
+fn two_agents_over_the_embedded_broker() {
+    let coordinator = Coordinator::start(None, Store::Sqlite, &[]);
+    let _a = Agent::start(&coordinator.mqtt, "embedded-a", "");
+    let _b = Agent::start(&coordinator.mqtt, "embedded-b", "");
+    coordinator.wait_for_nodes(2, Duration::from_secs(30));
+    let dir = tempfile::tempdir().unwrap();
+    run_echo(&coordinator, dir.path(), "hello over rumqttd");
+}
+
+#[test]
+fn two_agents_with_the_postgres_store() {
+    let db = PostgresDb::create();
+    let broker = Mosquitto::start();
+    let coordinator = Coordinator::start(Some(&broker.url), Store::Postgres(db.url.clone()), &[]);
+    let _a = Agent::start(&broker.url, "pg-a", "");
+    let _b = Agent::start(&broker.url, "pg-b", "");
+    coordinator.wait_for_nodes(2, Duration::from_secs(30));
+    let dir = tempfile::tempdir().unwrap();
+    run_echo(&coordinator, dir.path(), "hello with postgres");
+    // The result outlives the coordinator: a new one on the same database lists it.
+    drop(coordinator);
+    let again = Coordinator::start(Some(&broker.url), Store::Postgres(db.url.clone()), &[]);
+    let listed = again.cli(&["tasks", "--json"], None);
+    assert!(
+        listed.status.success(),
+        "{}",
+        String::from_utf8_lossy(&listed.stderr)
+    );
+    let tasks: serde_json::Value = serde_json::from_slice(&listed.stdout).unwrap();
+    assert!(
+        tasks
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|t| t["state"] == "succeeded"),
+        "{tasks}"
+    );
+}
