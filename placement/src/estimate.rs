@@ -1,0 +1,350 @@
+//! Estimates every policy shares: transfer time, queueing delay, execution time at
+//! a power level, energy, and the compatibility of a task with a node (hard
+//! filters, then a soft fit).
+//!
+//! The simulator executes tasks with the same formulas, so an estimate is exact
+//! there except for what the engine cannot know in advance: the link changing
+//! while data moves (mobility), and the order in which a node's queue drains.
+
+use core::fmt;
+
+use serde::{Deserialize, Serialize};
+
+use crate::model::{NodeLoad, NodeView, PendingTask, TaskClass, REFERENCE_IO_MBPS};
+
+/// Share of an I/O-bound task's reference time spent waiting on storage; the rest
+/// is CPU work. Storage does not speed up with the CPU's power level.
+pub const IO_STORAGE_SHARE: f64 = 0.7;
+
+/// Lanes (cores) a task occupies on a node's CPU: `ceil(cpu_cores)`, at least one,
+/// at most the node's cores.
+pub fn lanes(node: &NodeView, task: &PendingTask) -> u32 {
+    let wanted = f64::from(task.demand.cpu_cores).ceil().max(1.0);
+    let cores = node.cpu_cores.floor().max(1.0);
+    // Both are small positive whole numbers, so the cast cannot truncate.
+    wanted.min(cores) as u32
+}
+
+/// Whether the task runs on the node's GPU (a GPU-class task on a node with one).
+pub fn runs_on_gpu(node: &NodeView, task: &PendingTask) -> bool {
+    task.class == TaskClass::Gpu && node.gpu.is_some()
+}
+
+/// Seconds to move `bytes` over the node's link: one round trip to set up, then
+/// the bytes at the bandwidth left after retransmitting lost packets.
+pub fn transfer_s(node: &NodeView, bytes: u64) -> f64 {
+    let link = node.network;
+    let goodput_bps = link.bandwidth_mbps.max(0.001) * 1e6 * (1.0 - link.loss.clamp(0.0, 0.95));
+    link.rtt_ms.max(0.0) / 1000.0 + (bytes as f64 * 8.0) / goodput_bps
+}
+
+/// Seconds a task would wait behind the node's placed work (fluid approximation:
+/// the backlog spread over the node's lanes).
+pub fn queue_wait_s(node: &NodeView, load: &NodeLoad, task: &PendingTask) -> f64 {
+    if runs_on_gpu(node, task) {
+        load.backlog_gpu_s / f64::from(node.gpu_devices().max(1))
+    } else {
+        load.backlog_cpu_s / node.cpu_cores.max(1.0)
+    }
+}
+
+/// Seconds the task executes on the node at a power level.
+pub fn execution_s(node: &NodeView, task: &PendingTask, power_level: u8) -> f64 {
+    let factor = node.power_level(power_level).speed_factor.max(0.01);
+    let work = task.work.max(0.0);
+    let cpu_rate = node.cpu_speed.max(0.01) * factor;
+    match task.class {
+        TaskClass::Gpu => match node.gpu {
+            Some(gpu) => work / (gpu.speed.max(0.01) * factor),
+            None => work / (cpu_rate * f64::from(lanes(node, task))),
+        },
+        TaskClass::Cpu => work / (cpu_rate * f64::from(lanes(node, task))),
+        TaskClass::Io => {
+            let storage = work * IO_STORAGE_SHARE * REFERENCE_IO_MBPS / node.io_mbps.max(0.1);
+            let compute = work * (1.0 - IO_STORAGE_SHARE) / cpu_rate;
+            storage + compute
+        }
+    }
+}
+
+/// Fraction of the node's dynamic power a running task accounts for: its lanes
+/// out of the cores, or the whole board for a GPU task (a GPU dominates the
+/// board's draw on Jetson-class devices).
+pub fn power_share(node: &NodeView, task: &PendingTask) -> f64 {
+    if runs_on_gpu(node, task) {
+        1.0 / f64::from(node.gpu_devices().max(1))
+    } else {
+        f64::from(lanes(node, task)) / node.cpu_cores.max(1.0)
+    }
+}
+
+/// Dynamic energy the task costs, joules: the power above idle at its level, times
+/// its share of the node, times its run time. Idle power is paid whatever the
+/// placement, so it is left out of what a decision can change.
+pub fn energy_joules(node: &NodeView, task: &PendingTask, power_level: u8) -> f64 {
+    let level = node.power_level(power_level);
+    let dynamic_watts = (level.active_watts - level.idle_watts).max(0.0);
+    dynamic_watts * power_share(node, task) * execution_s(node, task, power_level)
+}
+
+/// Estimated finish time, ms on the view's clock: the input transfer overlaps the
+/// wait in the queue, then the task runs, then the output travels back.
+pub fn finish_ms(
+    node: &NodeView,
+    load: &NodeLoad,
+    task: &PendingTask,
+    power_level: u8,
+    now_ms: f64,
+) -> f64 {
+    let start_s = transfer_s(node, task.input_bytes).max(queue_wait_s(node, load, task));
+    let total_s =
+        start_s + execution_s(node, task, power_level) + transfer_s(node, task.output_bytes);
+    now_ms + total_s * 1000.0
+}
+
+/// Why a node cannot take a task (a hard filter that failed).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Incompatible {
+    /// The node is offline.
+    Offline,
+    /// The node lacks the task's runtime.
+    Runtime,
+    /// The node's architecture differs from the one required.
+    Arch,
+    /// The node lacks a required label.
+    Labels,
+    /// The task needs an OpenCL device and the node has none.
+    Gpu,
+    /// The node has too little unreserved memory.
+    Memory,
+    /// The node's energy budget cannot pay for the task.
+    EnergyBudget,
+}
+
+impl Incompatible {
+    /// Every reason, in the order the filters run.
+    pub const ALL: [Incompatible; 7] = [
+        Incompatible::Offline,
+        Incompatible::Runtime,
+        Incompatible::Arch,
+        Incompatible::Labels,
+        Incompatible::Gpu,
+        Incompatible::Memory,
+        Incompatible::EnergyBudget,
+    ];
+}
+
+impl fmt::Display for Incompatible {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Incompatible::Offline => "node offline",
+            Incompatible::Runtime => "runtime not offered",
+            Incompatible::Arch => "architecture differs",
+            Incompatible::Labels => "required label missing",
+            Incompatible::Gpu => "no OpenCL device",
+            Incompatible::Memory => "not enough free memory",
+            Incompatible::EnergyBudget => "energy budget exhausted",
+        })
+    }
+}
+
+/// The static hard filters: those that do not depend on the node's load.
+pub fn check_static(node: &NodeView, task: &PendingTask) -> Result<(), Incompatible> {
+    if !node.online {
+        return Err(Incompatible::Offline);
+    }
+    if !node.runtimes.contains(&task.constraints.runtime) {
+        return Err(Incompatible::Runtime);
+    }
+    if let Some(arch) = &task.constraints.arch {
+        if !arch.eq_ignore_ascii_case(&node.arch) {
+            return Err(Incompatible::Arch);
+        }
+    }
+    if !task
+        .constraints
+        .labels
+        .iter()
+        .all(|wanted| node.labels.contains(wanted))
+    {
+        return Err(Incompatible::Labels);
+    }
+    if task.demand.gpu && node.gpu.is_none() {
+        return Err(Incompatible::Gpu);
+    }
+    if task.demand.memory_bytes > node.memory_bytes {
+        return Err(Incompatible::Memory);
+    }
+    Ok(())
+}
+
+/// The load-dependent hard filters at a power level: unreserved memory, and the
+/// energy budget.
+pub fn check_load(
+    node: &NodeView,
+    load: &NodeLoad,
+    task: &PendingTask,
+    power_level: u8,
+) -> Result<(), Incompatible> {
+    if task.demand.memory_bytes > load.free_memory_bytes {
+        return Err(Incompatible::Memory);
+    }
+    if let Some(budget) = node.energy.budget_joules {
+        let needed = energy_joules(node, task, power_level);
+        if node.energy.used_joules + load.committed_joules + needed > budget {
+            return Err(Incompatible::EnergyBudget);
+        }
+    }
+    Ok(())
+}
+
+/// Every hard filter: whether the node may take the task at this level now.
+pub fn check(
+    node: &NodeView,
+    load: &NodeLoad,
+    task: &PendingTask,
+    power_level: u8,
+) -> Result<(), Incompatible> {
+    check_static(node, task)?;
+    check_load(node, load, task, power_level)
+}
+
+/// Soft fit of a node to a task, 0..1: how strong the node is in the task's
+/// dominant dimension (speed of that resource, saturating), used to break ties in
+/// favour of the right kind of device.
+pub fn fit(node: &NodeView, task: &PendingTask) -> f64 {
+    let strength = match task.class {
+        TaskClass::Cpu => node.cpu_speed * f64::from(lanes(node, task)),
+        TaskClass::Gpu => node.gpu.map_or(node.cpu_speed * 0.25, |gpu| gpu.speed),
+        TaskClass::Io => node.io_mbps / REFERENCE_IO_MBPS,
+    };
+    strength / (strength + 1.0)
+}
+
+/// A count of why nodes were filtered out for one task, to explain a hold.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct FilterTally {
+    counts: [u32; 7],
+}
+
+impl FilterTally {
+    /// Counts one rejection.
+    pub fn add(&mut self, reason: Incompatible) {
+        let index = Incompatible::ALL
+            .iter()
+            .position(|candidate| *candidate == reason)
+            .unwrap_or(0);
+        if let Some(count) = self.counts.get_mut(index) {
+            *count = count.saturating_add(1);
+        }
+    }
+
+    /// The rejections, most frequent first, as text for people.
+    pub fn describe(&self) -> String {
+        let mut reasons: Vec<(u32, Incompatible)> = Incompatible::ALL
+            .iter()
+            .zip(self.counts)
+            .filter(|(_, count)| *count > 0)
+            .map(|(reason, count)| (count, *reason))
+            .collect();
+        reasons.sort_by(|a, b| b.0.cmp(&a.0).then(a.1.cmp(&b.1)));
+        if reasons.is_empty() {
+            return "no nodes".to_owned();
+        }
+        reasons
+            .iter()
+            .map(|(count, reason)| format!("{count} × {reason}"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+mod tests {
+    use super::*;
+    use crate::testing::{node, task};
+
+    #[test]
+    fn transfer_time_is_rtt_plus_bytes_over_goodput() {
+        let mut n = node("a", 4.0, 1.0);
+        n.network.bandwidth_mbps = 80.0;
+        n.network.rtt_ms = 20.0;
+        n.network.loss = 0.0;
+        // 10 MB at 80 Mbit/s is 1 s, plus 20 ms.
+        assert!((transfer_s(&n, 10_000_000) - 1.02).abs() < 1e-9);
+        n.network.loss = 0.5;
+        assert!((transfer_s(&n, 10_000_000) - 2.02).abs() < 1e-9);
+    }
+
+    #[test]
+    fn execution_time_scales_with_speed_lanes_and_power_level() {
+        let mut n = node("a", 4.0, 0.5);
+        n.power_levels[0].speed_factor = 0.25;
+        let mut t = task(1, TaskClass::Cpu);
+        t.work = 2.0;
+        t.demand.cpu_cores = 1.0;
+        assert!((execution_s(&n, &t, 1) - 4.0).abs() < 1e-9);
+        assert!((execution_s(&n, &t, 0) - 16.0).abs() < 1e-9);
+        t.demand.cpu_cores = 2.0;
+        assert!((execution_s(&n, &t, 1) - 2.0).abs() < 1e-9);
+        // More lanes than cores are capped at the cores.
+        t.demand.cpu_cores = 16.0;
+        assert!((execution_s(&n, &t, 1) - 1.0).abs() < 1e-9);
+    }
+
+    #[test]
+    fn gpu_tasks_use_the_gpu_and_io_tasks_the_disk() {
+        let mut n = node("a", 4.0, 1.0);
+        let mut t = task(1, TaskClass::Gpu);
+        t.work = 6.0;
+        assert!(
+            (execution_s(&n, &t, 1) - 6.0).abs() < 1e-9,
+            "no GPU: one core"
+        );
+        n.gpu = Some(crate::model::GpuCapacity {
+            devices: 1,
+            speed: 3.0,
+            memory_bytes: 1 << 30,
+        });
+        assert!((execution_s(&n, &t, 1) - 2.0).abs() < 1e-9);
+        let mut io = task(2, TaskClass::Io);
+        io.work = 1.0;
+        n.io_mbps = REFERENCE_IO_MBPS / 2.0;
+        // 0.7 s of storage at half the reference rate, 0.3 s of CPU at speed 1.
+        assert!((execution_s(&n, &io, 1) - 1.7).abs() < 1e-9);
+    }
+
+    #[test]
+    fn energy_is_dynamic_power_times_share_times_time() {
+        let mut n = node("a", 4.0, 1.0);
+        n.power_levels[1].idle_watts = 6.0;
+        n.power_levels[1].active_watts = 26.0;
+        let mut t = task(1, TaskClass::Cpu);
+        t.work = 3.0;
+        t.demand.cpu_cores = 1.0;
+        // 20 W dynamic × 1/4 of the cores × 3 s.
+        assert!((energy_joules(&n, &t, 1) - 15.0).abs() < 1e-9);
+        // The lower level runs slower but draws far less: cheaper in joules.
+        assert!(energy_joules(&n, &t, 0) < energy_joules(&n, &t, 1));
+    }
+
+    #[test]
+    fn hard_filters_name_the_failing_constraint() {
+        let mut n = node("a", 4.0, 1.0);
+        let mut t = task(1, TaskClass::Cpu);
+        assert_eq!(check(&n, &n.load, &t, 0), Ok(()));
+        t.demand.gpu = true;
+        assert_eq!(check(&n, &n.load, &t, 0), Err(Incompatible::Gpu));
+        t.demand.gpu = false;
+        t.demand.memory_bytes = n.load.free_memory_bytes + 1;
+        assert_eq!(check(&n, &n.load, &t, 0), Err(Incompatible::Memory));
+        t.demand.memory_bytes = 1;
+        t.constraints.arch = Some("riscv64".into());
+        assert_eq!(check(&n, &n.load, &t, 0), Err(Incompatible::Arch));
+        t.constraints.arch = None;
+        n.online = false;
+        assert_eq!(check(&n, &n.load, &t, 0), Err(Incompatible::Offline));
+    }
+}

@@ -1,0 +1,558 @@
+//! The placement model: what the engine knows about nodes ([`NodeView`], gathered
+//! in a [`ClusterView`]) and about the work waiting to run ([`PendingTask`]).
+//!
+//! # Units
+//!
+//! Work is measured in *reference seconds*: the time the task takes on one core of
+//! an x86 mini PC (Intel NUC class) at its highest power level. Every node carries
+//! relative speeds against that reference, one per task class (CPU, GPU, I/O), and
+//! a power model with one speed factor per power level.
+//!
+//! # The five-dimensional queue state
+//!
+//! HiRL describes each device's queue with a five-dimensional state. Starling uses
+//! ([`QueueState`]):
+//!
+//! 1. **queued tasks** (placed but not finished): the length of the queue, the
+//!    plainest signal of contention, and what an agent reports directly;
+//! 2. **backlog seconds**: the wall time the queued and running work needs at the
+//!    levels it was placed with, per lane (core or GPU). Task counts hide task
+//!    sizes; this is what a new task actually waits behind;
+//! 3. **earliest deadline slack**: how much time the most urgent queued task has
+//!    left after its estimated finish. A node whose queue is already tight should
+//!    not take more work in front of it, and slack is what the power choice
+//!    reclaims;
+//! 4. **utilisation**: the fraction of lanes busy. It separates a node with one
+//!    long task on one of four cores (room now) from a node with four short ones;
+//! 5. **energy headroom**: the fraction of the node's energy budget (battery) left,
+//!    1 on mains power. Energy is one of the two objectives; a battery node close
+//!    to empty must be spared.
+//!
+//! Together they cover the paper's concerns (delay, deadlines, load, energy) with
+//! quantities both the simulator and real telemetry can supply.
+
+use core::fmt;
+use core::str::FromStr;
+
+use serde::{Deserialize, Serialize};
+use starling_proto::{Capability, GpuKind, Label, NodeId, Runtime, Telemetry};
+
+use crate::estimate;
+
+/// Per-core speed of the reference node (an x86 mini PC core), by definition 1.
+pub const REFERENCE_CORE_SPEED: f64 = 1.0;
+/// Storage rate of the reference node, MB/s (a SATA SSD in an x86 mini PC).
+pub const REFERENCE_IO_MBPS: f64 = 500.0;
+/// Work assumed for a queued task a node reports but the coordinator did not place
+/// (reference seconds): telemetry counts tasks, not their sizes.
+pub const UNKNOWN_TASK_WORK_S: f64 = 1.0;
+
+/// Which resource dominates a task's run time.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum TaskClass {
+    /// Bound by CPU cores and their speed.
+    Cpu,
+    /// Bound by a GPU (an OpenCL device).
+    Gpu,
+    /// Bound by storage I/O.
+    Io,
+}
+
+impl TaskClass {
+    /// All classes, in a fixed order.
+    pub const ALL: [TaskClass; 3] = [TaskClass::Cpu, TaskClass::Gpu, TaskClass::Io];
+
+    /// The class's name, as serde writes it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TaskClass::Cpu => "cpu",
+            TaskClass::Gpu => "gpu",
+            TaskClass::Io => "io",
+        }
+    }
+}
+
+impl fmt::Display for TaskClass {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A task class name that is not `cpu`, `gpu` or `io`.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("unknown task class {0:?}: expected cpu, gpu or io")]
+pub struct UnknownTaskClass(pub String);
+
+impl FromStr for TaskClass {
+    type Err = UnknownTaskClass;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "cpu" => Ok(TaskClass::Cpu),
+            "gpu" => Ok(TaskClass::Gpu),
+            "io" => Ok(TaskClass::Io),
+            _ => Err(UnknownTaskClass(s.to_owned())),
+        }
+    }
+}
+
+/// What a task needs from the node while it runs.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Demand {
+    /// Cores it uses (it runs on `ceil(cpu_cores)` lanes, at least one).
+    pub cpu_cores: f32,
+    /// Memory it needs, reserved from placement until it finishes.
+    pub memory_bytes: u64,
+    /// Whether it needs an OpenCL device (a hard constraint).
+    pub gpu: bool,
+    /// Storage rate it uses, MB/s (scoring only; not a hard constraint).
+    pub io_mbps: f32,
+}
+
+/// Hard constraints on where a task may run.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Constraints {
+    /// The runtime the node must offer.
+    pub runtime: Runtime,
+    /// The CPU architecture the node must have, if the task cares.
+    pub arch: Option<String>,
+    /// Labels the node must carry (all of them).
+    pub labels: Vec<Label>,
+}
+
+/// A task waiting for a placement.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PendingTask {
+    /// The caller's handle, echoed in decisions.
+    pub key: u64,
+    /// Which resource dominates its run time.
+    pub class: TaskClass,
+    /// What it needs while running.
+    pub demand: Demand,
+    /// Seconds on one reference core at full power (an x86 mini PC core = 1.0).
+    pub work: f64,
+    /// Bytes moved to the node before it starts.
+    pub input_bytes: u64,
+    /// Bytes moved back after it ends.
+    pub output_bytes: u64,
+    /// Absolute deadline, on the same clock as [`ClusterView::now_ms`].
+    pub deadline_ms: Option<u64>,
+    /// Higher is more urgent.
+    pub priority: u8,
+    /// When it was submitted, same clock.
+    pub submitted_ms: u64,
+    /// Where it may run.
+    pub constraints: Constraints,
+}
+
+/// One power level of a node, as the engine models it.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct PowerLevelModel {
+    /// Execution speed relative to the node's highest level (0 < s ≤ 1).
+    pub speed_factor: f64,
+    /// Watts drawn idle at this level.
+    pub idle_watts: f64,
+    /// Watts drawn fully busy at this level.
+    pub active_watts: f64,
+}
+
+/// The network path between a node and the task's data source (the coordinator's
+/// site), which every input and output crosses.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct NetworkLink {
+    /// Usable bandwidth, Mbit/s.
+    pub bandwidth_mbps: f64,
+    /// Round-trip time, milliseconds.
+    pub rtt_ms: f64,
+    /// Fraction of packets lost (0..1); retransmissions stretch transfers.
+    pub loss: f64,
+}
+
+/// A node's GPU capacity (OpenCL devices).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct GpuCapacity {
+    /// Devices; each runs one GPU task at a time.
+    pub devices: u32,
+    /// Speed of one device on GPU-class work, relative to one reference core.
+    pub speed: f64,
+    /// Memory of one device, bytes.
+    pub memory_bytes: u64,
+}
+
+/// The quantities of a node that change as tasks are placed, start and finish.
+/// `Copy`, so that policies can keep a scratch copy per decision round cheaply.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct NodeLoad {
+    /// Cores not reserved by placed tasks.
+    pub free_cpu_cores: f64,
+    /// Memory not reserved by placed tasks (hard limit for new placements).
+    pub free_memory_bytes: u64,
+    /// Storage rate not used by placed tasks, MB/s.
+    pub free_io_mbps: f64,
+    /// Tasks placed and not finished (running or waiting).
+    pub queued_tasks: u32,
+    /// Lane-seconds of CPU and I/O work placed and not finished.
+    pub backlog_cpu_s: f64,
+    /// Device-seconds of GPU work placed and not finished.
+    pub backlog_gpu_s: f64,
+    /// Smallest deadline slack among placed tasks, ms (`None` when none has a deadline).
+    pub earliest_slack_ms: Option<f64>,
+    /// Dynamic energy already committed to placed work, joules.
+    pub committed_joules: f64,
+    /// The power level in force (index into the node's levels).
+    pub power_level: u8,
+}
+
+/// A node's energy supply.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct EnergyState {
+    /// Battery or budget capacity, joules; `None` on mains power.
+    pub budget_joules: Option<f64>,
+    /// Energy used so far, joules.
+    pub used_joules: f64,
+}
+
+/// HiRL's five-dimensional queue state of one node (see the module docs for why these five).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct QueueState {
+    /// Tasks placed and not finished.
+    pub queued_tasks: f64,
+    /// Seconds of placed work per lane, at the levels it was placed with.
+    pub backlog_s: f64,
+    /// Smallest deadline slack among placed tasks, seconds (a large value when none).
+    pub earliest_slack_s: f64,
+    /// Fraction of lanes busy, 0..=1.
+    pub utilisation: f64,
+    /// Fraction of the energy budget left, 0..=1 (1 on mains power).
+    pub energy_headroom: f64,
+}
+
+impl QueueState {
+    /// The state as a plain vector, in the documented order.
+    pub fn to_array(self) -> [f64; 5] {
+        [
+            self.queued_tasks,
+            self.backlog_s,
+            self.earliest_slack_s,
+            self.utilisation,
+            self.energy_headroom,
+        ]
+    }
+}
+
+/// The engine's view of one node.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct NodeView {
+    /// The node.
+    pub id: NodeId,
+    /// Whether it is reachable; offline nodes get no work.
+    pub online: bool,
+    /// CPU architecture (`x86_64`, `aarch64`, ...).
+    pub arch: String,
+    /// Runtimes it can execute.
+    pub runtimes: Vec<Runtime>,
+    /// Operator labels.
+    pub labels: Vec<Label>,
+    /// Logical cores.
+    pub cpu_cores: f64,
+    /// Speed of one core relative to the reference core.
+    pub cpu_speed: f64,
+    /// Total memory, bytes.
+    pub memory_bytes: u64,
+    /// OpenCL devices, if any.
+    pub gpu: Option<GpuCapacity>,
+    /// Storage rate, MB/s.
+    pub io_mbps: f64,
+    /// Link toward the data source.
+    pub network: NetworkLink,
+    /// Power levels, lowest first; never empty.
+    pub power_levels: Vec<PowerLevelModel>,
+    /// Energy supply.
+    pub energy: EnergyState,
+    /// What placed work occupies now.
+    pub load: NodeLoad,
+}
+
+/// Power levels assumed when a node reports none: a single full-speed level with
+/// approximate figures for its architecture (x86 mini PC ~6 W idle / ~30 W busy;
+/// an Arm single-board computer ~2.7 W / ~6.4 W, the Raspberry Pi 4's figures).
+fn default_power_levels(arch: &str) -> Vec<PowerLevelModel> {
+    let (idle_watts, active_watts) = if arch.starts_with("x86") {
+        (6.0, 30.0)
+    } else {
+        (2.7, 6.4)
+    };
+    vec![PowerLevelModel {
+        speed_factor: 1.0,
+        idle_watts,
+        active_watts,
+    }]
+}
+
+/// Per-core speed relative to the reference core, from the clock and the
+/// architecture. Approximate: a Cortex-A72 at 1.5 GHz does roughly a third of a
+/// mobile Core i5 core at ~3 GHz in single-threaded benchmarks (Geekbench 5 ~270 vs
+/// ~1000), hence the lower per-MHz factor for Arm.
+fn core_speed(arch: &str, max_mhz: u32) -> f64 {
+    let per_ghz = if arch.starts_with("x86") {
+        1.0 / 3.0
+    } else {
+        0.23
+    };
+    let ghz = if max_mhz == 0 {
+        if arch.starts_with("x86") {
+            3.0
+        } else {
+            1.5
+        }
+    } else {
+        f64::from(max_mhz) / 1000.0
+    };
+    (per_ghz * ghz).clamp(0.05, 4.0)
+}
+
+impl NodeView {
+    /// Builds the engine's view of a real node from its reports (relative speeds,
+    /// power model, free amounts). Without telemetry the node is taken as idle.
+    pub fn from_reports(
+        capability: &Capability,
+        telemetry: Option<&Telemetry>,
+        online: bool,
+    ) -> NodeView {
+        let arch = capability.arch.as_str().to_owned();
+        let cpu_cores = f64::from(capability.cpu.cores.max(1));
+        let cpu_speed = core_speed(&arch, capability.cpu.max_mhz);
+        let gpu = if capability.gpus.is_empty() {
+            None
+        } else {
+            let devices = u32::try_from(capability.gpus.len()).unwrap_or(u32::MAX);
+            // Speed of the strongest device on GPU-class work: compute units × clock,
+            // scaled so that a Jetson Nano's Maxwell GPU (1 SM at 921 MHz) is ~3
+            // reference cores. A CPU exposed through OpenCL counts at core speed.
+            let speed = capability
+                .gpus
+                .iter()
+                .map(|device| {
+                    let clock = f64::from(device.max_clock_mhz.max(1));
+                    let units = f64::from(device.compute_units.max(1));
+                    match device.kind {
+                        GpuKind::Cpu => units * cpu_speed * 0.8,
+                        _ => units * clock / 300.0,
+                    }
+                })
+                .fold(0.5_f64, f64::max);
+            let memory_bytes = capability
+                .gpus
+                .iter()
+                .map(|device| device.memory_bytes)
+                .max()
+                .unwrap_or(0);
+            Some(GpuCapacity {
+                devices,
+                speed,
+                memory_bytes,
+            })
+        };
+        let io_mbps = capability
+            .disks
+            .iter()
+            .map(|disk| f64::from(disk.read_mbps.max(disk.write_mbps)))
+            .fold(0.0_f64, f64::max);
+        // Unknown rates: assume an SD-card-class 40 MB/s, the slowest common case.
+        let io_mbps = if io_mbps > 0.0 { io_mbps } else { 40.0 };
+        let interface_mbps = capability
+            .interfaces
+            .iter()
+            .filter_map(|interface| interface.speed_mbps)
+            .max()
+            .map(f64::from);
+        let mut network = NetworkLink {
+            bandwidth_mbps: interface_mbps.unwrap_or(100.0),
+            rtt_ms: 5.0,
+            loss: 0.0,
+        };
+        let mut power_levels: Vec<PowerLevelModel> = capability
+            .power_levels
+            .iter()
+            .map(|level| PowerLevelModel {
+                speed_factor: f64::from(level.speed_factor).clamp(0.01, 1.0),
+                idle_watts: f64::from(level.idle_watts).max(0.0),
+                active_watts: f64::from(level.active_watts.max(level.idle_watts)).max(0.0),
+            })
+            .collect();
+        if power_levels.is_empty() {
+            power_levels = default_power_levels(&arch);
+        }
+        let top_level = u8::try_from(power_levels.len() - 1).unwrap_or(u8::MAX);
+        let mut load = NodeLoad {
+            free_cpu_cores: cpu_cores,
+            free_memory_bytes: capability.memory_bytes,
+            free_io_mbps: io_mbps,
+            queued_tasks: 0,
+            backlog_cpu_s: 0.0,
+            backlog_gpu_s: 0.0,
+            earliest_slack_ms: None,
+            committed_joules: 0.0,
+            power_level: top_level,
+        };
+        let mut energy = EnergyState {
+            budget_joules: None,
+            used_joules: 0.0,
+        };
+        if let Some(report) = telemetry {
+            let busy = f64::from(report.cpu_load.clamp(0.0, 1.0)) * cpu_cores;
+            load.free_cpu_cores = (cpu_cores - busy).max(0.0);
+            load.free_memory_bytes = report.free_memory_bytes.min(capability.memory_bytes);
+            let io_used = (report.io_read_bps + report.io_write_bps) as f64 / 1e6;
+            load.free_io_mbps = (io_mbps - io_used).max(0.0);
+            let waiting = u32::from(report.queued_tasks) + u32::from(report.running_tasks);
+            load.queued_tasks = waiting;
+            let unknown_work = f64::from(waiting) * UNKNOWN_TASK_WORK_S / cpu_speed.max(0.05);
+            load.backlog_cpu_s = busy + unknown_work;
+            load.power_level = report.power_level.min(top_level);
+            energy.used_joules = report.energy_joules.max(0.0);
+            if let Some(rtt) = report.link.rtt_ms {
+                network.rtt_ms = f64::from(rtt).max(0.0);
+            }
+            if let Some(bandwidth) = report.link.bandwidth_mbps {
+                if bandwidth > 0.0 {
+                    network.bandwidth_mbps = f64::from(bandwidth);
+                }
+            }
+            if let Some(loss) = report.link.loss {
+                network.loss = f64::from(loss).clamp(0.0, 0.95);
+            }
+        }
+        NodeView {
+            id: capability.node_id.clone(),
+            online,
+            arch,
+            runtimes: capability.runtimes.iter().copied().collect(),
+            labels: capability.labels.iter().cloned().collect(),
+            cpu_cores,
+            cpu_speed,
+            memory_bytes: capability.memory_bytes,
+            gpu,
+            io_mbps,
+            network,
+            power_levels,
+            energy,
+            load,
+        }
+    }
+
+    /// The highest power level's index.
+    pub fn top_power_level(&self) -> u8 {
+        u8::try_from(self.power_levels.len().saturating_sub(1)).unwrap_or(u8::MAX)
+    }
+
+    /// The model of a power level, clamped to the levels the node has.
+    pub fn power_level(&self, level: u8) -> PowerLevelModel {
+        let index = usize::from(level).min(self.power_levels.len().saturating_sub(1));
+        self.power_levels
+            .get(index)
+            .copied()
+            .unwrap_or(PowerLevelModel {
+                speed_factor: 1.0,
+                idle_watts: 0.0,
+                active_watts: 0.0,
+            })
+    }
+
+    /// GPU devices (0 without a GPU).
+    pub fn gpu_devices(&self) -> u32 {
+        self.gpu.map_or(0, |gpu| gpu.devices)
+    }
+
+    /// The five-dimensional queue state (see the module docs).
+    pub fn queue_state(&self) -> QueueState {
+        self.load.queue_state(self)
+    }
+}
+
+impl NodeLoad {
+    /// The five-dimensional queue state of this load on `node`.
+    pub fn queue_state(&self, node: &NodeView) -> QueueState {
+        let cpu_wait = self.backlog_cpu_s / node.cpu_cores.max(1.0);
+        let gpu_wait = match node.gpu {
+            Some(gpu) => self.backlog_gpu_s / f64::from(gpu.devices.max(1)),
+            None => 0.0,
+        };
+        let energy_headroom = match node.energy.budget_joules {
+            Some(budget) if budget > 0.0 => {
+                ((budget - node.energy.used_joules - self.committed_joules) / budget)
+                    .clamp(0.0, 1.0)
+            }
+            Some(_) => 0.0,
+            None => 1.0,
+        };
+        QueueState {
+            queued_tasks: f64::from(self.queued_tasks),
+            backlog_s: cpu_wait.max(gpu_wait),
+            earliest_slack_s: self.earliest_slack_ms.map_or(1e6, |slack| slack / 1000.0),
+            utilisation: (1.0 - self.free_cpu_cores / node.cpu_cores.max(1.0)).clamp(0.0, 1.0),
+            energy_headroom,
+        }
+    }
+
+    /// Accounts one task placed on `node` at `power_level` finishing at `finish_ms`.
+    pub fn commit(
+        &mut self,
+        node: &NodeView,
+        task: &PendingTask,
+        power_level: u8,
+        now_ms: f64,
+        finish_ms: f64,
+    ) {
+        let lanes = estimate::lanes(node, task);
+        self.free_cpu_cores = (self.free_cpu_cores - f64::from(task.demand.cpu_cores)).max(0.0);
+        self.free_memory_bytes = self
+            .free_memory_bytes
+            .saturating_sub(task.demand.memory_bytes);
+        self.free_io_mbps = (self.free_io_mbps - f64::from(task.demand.io_mbps)).max(0.0);
+        self.queued_tasks = self.queued_tasks.saturating_add(1);
+        let run_s = estimate::execution_s(node, task, power_level);
+        if estimate::runs_on_gpu(node, task) {
+            self.backlog_gpu_s += run_s;
+        } else {
+            self.backlog_cpu_s += run_s * f64::from(lanes);
+        }
+        if let Some(deadline) = task.deadline_ms {
+            let slack = deadline as f64 - finish_ms;
+            self.earliest_slack_ms = Some(self.earliest_slack_ms.map_or(slack, |s| s.min(slack)));
+        }
+        let _ = now_ms;
+        self.committed_joules += estimate::energy_joules(node, task, power_level);
+    }
+}
+
+/// A snapshot of the cluster, as the policies see it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ClusterView {
+    /// The current time, milliseconds, on the same clock as task deadlines.
+    pub now_ms: u64,
+    /// The nodes; decisions refer to them by index.
+    pub nodes: Vec<NodeView>,
+}
+
+impl ClusterView {
+    /// Accounts a task placed (or already running) on a node: reserves its demand,
+    /// adds its work to the node's queue. An index out of range changes nothing.
+    pub fn commit(&mut self, node: usize, task: &PendingTask, power_level: u8) {
+        let now_ms = self.now_ms as f64;
+        if let Some(view) = self.nodes.get(node) {
+            let finish_ms = estimate::finish_ms(view, &view.load, task, power_level, now_ms);
+            let mut load = view.load;
+            load.commit(view, task, power_level, now_ms, finish_ms);
+            if let Some(view) = self.nodes.get_mut(node) {
+                view.load = load;
+            }
+        }
+    }
+
+    /// A copy of every node's load, for policies that account their own placements
+    /// within one round without cloning the whole view.
+    pub fn loads(&self) -> Vec<NodeLoad> {
+        self.nodes.iter().map(|node| node.load).collect()
+    }
+}

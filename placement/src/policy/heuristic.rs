@@ -1,0 +1,354 @@
+//! The default policy: a fast deterministic heuristic in the spirit of HiRL's
+//! coordination engine.
+//!
+//! 1. **Order**: the queue is served by priority (higher first), then by deadline
+//!    slack (least first), then by submission; tasks without a deadline come last.
+//! 2. **Filter**: hard constraints (online, runtime, arch, labels, GPU, memory,
+//!    energy budget) remove nodes.
+//! 3. **Feasibility**: for each remaining node, the lowest power level whose
+//!    estimated finish still meets the deadline with a safety margin (slack
+//!    reclamation: slack left by a fast node becomes a lower frequency). The margin
+//!    grows with the node's queue, since queued work is where estimates go wrong.
+//! 4. **Choice**: among feasible (node, level) pairs, the least energy, with a small
+//!    premium on finishing early so that ties go to the faster node; when no node
+//!    can meet the deadline, the earliest finish at full power (least lateness).
+//!
+//! With [`SearchMode::Indexed`] the candidates are not every node: nodes are
+//! grouped by hardware profile, each group keeps a heap by queue wait, and a task
+//! looks at the few least-waiting nodes of each compatible group plus a few nodes
+//! drawn at random (seeded), which keeps a decision near-constant in the cluster's
+//! size. [`SearchMode::Exhaustive`] scores every node; the simulator runs both to
+//! show what the index costs in completion rate.
+
+use std::cmp::Reverse;
+use std::collections::hash_map::DefaultHasher;
+use std::collections::{BinaryHeap, HashMap};
+use std::hash::{Hash, Hasher};
+
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+
+use crate::estimate::{self, FilterTally};
+use crate::model::{ClusterView, NodeView, PendingTask};
+use crate::policy::{conclude, Candidate, Decision, Policy, Round, TopCandidates};
+
+/// How the heuristic finds candidate nodes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SearchMode {
+    /// Score every node.
+    Exhaustive,
+    /// Score the least-waiting nodes of each hardware group plus a random sample.
+    Indexed,
+}
+
+/// Least-waiting nodes taken from each compatible group's heap.
+const FROM_EACH_GROUP: usize = 3;
+/// Extra pops allowed per group when the best nodes fail a load filter (memory).
+const EXTRA_POPS: usize = 8;
+/// Nodes drawn at random per task, on top of the groups' best.
+const RANDOM_SAMPLE: usize = 6;
+/// Fraction of the time left to the deadline kept as a safety margin.
+const MARGIN_FRACTION: f64 = 0.15;
+/// Smallest safety margin, ms.
+const MARGIN_MIN_MS: f64 = 100.0;
+/// Joules one second of earlier finish is worth when comparing feasible choices.
+const JOULES_PER_SECOND: f64 = 0.2;
+
+/// The default heuristic policy.
+#[derive(Debug, Clone)]
+pub struct HeuristicPolicy {
+    mode: SearchMode,
+    rng: ChaCha8Rng,
+}
+
+impl HeuristicPolicy {
+    /// A heuristic searching in `mode`, sampling with a ChaCha stream from `seed`.
+    pub fn new(mode: SearchMode, seed: u64) -> Self {
+        Self {
+            mode,
+            rng: ChaCha8Rng::seed_from_u64(seed ^ 0x6865_7572),
+        }
+    }
+}
+
+/// Nodes of one hardware profile, with heaps by queue wait.
+struct Group {
+    representative: usize,
+    by_cpu_wait: BinaryHeap<Reverse<(u64, usize, u32)>>,
+    by_gpu_wait: BinaryHeap<Reverse<(u64, usize, u32)>>,
+}
+
+/// Candidate index over a view: hardware groups with lazily updated heaps.
+struct Index {
+    groups: Vec<Group>,
+    group_of: Vec<usize>,
+    version: Vec<u32>,
+}
+
+/// A total order on non-negative waits, as heap keys.
+fn wait_key(wait_s: f64) -> u64 {
+    wait_s.max(0.0).to_bits()
+}
+
+fn profile_hash(node: &NodeView) -> u64 {
+    let mut hasher = DefaultHasher::new();
+    node.arch.hash(&mut hasher);
+    node.runtimes.hash(&mut hasher);
+    node.labels.hash(&mut hasher);
+    node.cpu_cores.to_bits().hash(&mut hasher);
+    node.cpu_speed.to_bits().hash(&mut hasher);
+    node.memory_bytes.hash(&mut hasher);
+    node.io_mbps.to_bits().hash(&mut hasher);
+    node.energy
+        .budget_joules
+        .map(f64::to_bits)
+        .hash(&mut hasher);
+    if let Some(gpu) = node.gpu {
+        gpu.devices.hash(&mut hasher);
+        gpu.speed.to_bits().hash(&mut hasher);
+    }
+    for level in &node.power_levels {
+        level.speed_factor.to_bits().hash(&mut hasher);
+        level.active_watts.to_bits().hash(&mut hasher);
+        level.idle_watts.to_bits().hash(&mut hasher);
+    }
+    hasher.finish()
+}
+
+impl Index {
+    fn build(round: &Round<'_>) -> Self {
+        let nodes = &round.view.nodes;
+        let mut by_hash: HashMap<u64, usize> = HashMap::new();
+        let mut groups: Vec<Group> = Vec::new();
+        let mut group_of = vec![usize::MAX; nodes.len()];
+        for (index, node) in nodes.iter().enumerate() {
+            if !node.online {
+                continue;
+            }
+            let group = *by_hash.entry(profile_hash(node)).or_insert_with(|| {
+                groups.push(Group {
+                    representative: index,
+                    by_cpu_wait: BinaryHeap::new(),
+                    by_gpu_wait: BinaryHeap::new(),
+                });
+                groups.len() - 1
+            });
+            group_of[index] = group;
+        }
+        let mut index = Self {
+            groups,
+            group_of,
+            version: vec![0; nodes.len()],
+        };
+        for node in 0..nodes.len() {
+            index.push(round, node);
+        }
+        index
+    }
+
+    fn push(&mut self, round: &Round<'_>, node: usize) {
+        let Some(group) = self.group_of.get(node).copied() else {
+            return;
+        };
+        let (Some(group), Some((view, load))) = (self.groups.get_mut(group), round.node(node))
+        else {
+            return;
+        };
+        let version = self.version.get(node).copied().unwrap_or(0);
+        let cpu_wait = load.backlog_cpu_s / view.cpu_cores.max(1.0);
+        group
+            .by_cpu_wait
+            .push(Reverse((wait_key(cpu_wait), node, version)));
+        if view.gpu.is_some() {
+            let gpu_wait = load.backlog_gpu_s / f64::from(view.gpu_devices().max(1));
+            group
+                .by_gpu_wait
+                .push(Reverse((wait_key(gpu_wait), node, version)));
+        }
+    }
+
+    /// Marks a node's entries stale after a placement changed its load, and
+    /// re-files it.
+    fn update(&mut self, round: &Round<'_>, node: usize) {
+        if let Some(version) = self.version.get_mut(node) {
+            *version = version.wrapping_add(1);
+        }
+        self.push(round, node);
+    }
+
+    /// The least-waiting compatible nodes of every group that passes the static
+    /// filters for `task`.
+    fn candidates(&mut self, round: &Round<'_>, task: &PendingTask, out: &mut Vec<usize>) {
+        for group in &mut self.groups {
+            let Some(representative) = round.view.nodes.get(group.representative) else {
+                continue;
+            };
+            if estimate::check_static(representative, task).is_err() {
+                continue;
+            }
+            let heap = if estimate::runs_on_gpu(representative, task) {
+                &mut group.by_gpu_wait
+            } else {
+                &mut group.by_cpu_wait
+            };
+            let mut popped = Vec::new();
+            let mut taken = 0;
+            let mut tries = 0;
+            while taken < FROM_EACH_GROUP && tries < FROM_EACH_GROUP + EXTRA_POPS {
+                let Some(entry) = heap.pop() else {
+                    break;
+                };
+                let Reverse((_, node, version)) = entry;
+                if self.version.get(node).copied() != Some(version) {
+                    continue; // stale: a newer entry for this node is in the heap
+                }
+                tries += 1;
+                popped.push(entry);
+                let fits = round
+                    .node(node)
+                    .is_some_and(|(view, load)| estimate::check_load(view, load, task, 0).is_ok());
+                if fits {
+                    taken += 1;
+                    out.push(node);
+                }
+            }
+            heap.extend(popped);
+        }
+    }
+}
+
+/// The task's urgency order: priority first, then slack, then submission.
+fn order(view: &ClusterView, queue: &[PendingTask]) -> Vec<usize> {
+    let now = view.now_ms as f64;
+    let slack = |task: &PendingTask| match task.deadline_ms {
+        Some(deadline) => deadline as f64 - now - task.work * 1000.0,
+        None => f64::INFINITY,
+    };
+    let mut positions: Vec<usize> = (0..queue.len()).collect();
+    positions.sort_by(|a, b| {
+        let (ta, tb) = (&queue[*a], &queue[*b]);
+        tb.priority
+            .cmp(&ta.priority)
+            .then(slack(ta).total_cmp(&slack(tb)))
+            .then(ta.submitted_ms.cmp(&tb.submitted_ms))
+            .then(a.cmp(b))
+    });
+    positions
+}
+
+/// The best (node, level) of one node for a task: the lowest level meeting the
+/// deadline with margin, else the top level. Scores: feasible choices beat
+/// infeasible ones; among feasible, less energy (and earlier finish) wins; among
+/// infeasible, earlier finish wins.
+fn best_level(
+    round: &Round<'_>,
+    node_index: usize,
+    task: &PendingTask,
+    tally: &mut FilterTally,
+) -> Option<Candidate> {
+    let (node, load) = round.node(node_index)?;
+    let top = node.top_power_level();
+    let mut fastest = round.evaluate(node_index, task, top, tally)?;
+    let Some(deadline) = task.deadline_ms else {
+        let mut best = fastest;
+        for level in 0..top {
+            if let Some(candidate) = round.evaluate(node_index, task, level, tally) {
+                if candidate.energy_joules < best.energy_joules {
+                    best = candidate;
+                }
+            }
+        }
+        best.score = 1e9 - best.energy_joules - JOULES_PER_SECOND * best.finish_ms / 1000.0;
+        return Some(best);
+    };
+    let deadline = deadline as f64;
+    let left_ms = (deadline - round.now_ms).max(0.0);
+    let queue_pressure = 1.0 + f64::from(load.queued_tasks) / node.cpu_cores.max(1.0);
+    let margin = (left_ms * MARGIN_FRACTION * queue_pressure).max(MARGIN_MIN_MS);
+    if fastest.finish_ms + margin > deadline {
+        fastest.score = -fastest.finish_ms / 1000.0;
+        return Some(fastest);
+    }
+    let mut chosen = fastest;
+    for level in 0..top {
+        if let Some(candidate) = round.evaluate(node_index, task, level, tally) {
+            if candidate.finish_ms + margin <= deadline {
+                chosen = candidate;
+                break;
+            }
+        }
+    }
+    chosen.score = 1e9 - chosen.energy_joules - JOULES_PER_SECOND * chosen.finish_ms / 1000.0;
+    Some(chosen)
+}
+
+impl Policy for HeuristicPolicy {
+    fn name(&self) -> &'static str {
+        match self.mode {
+            SearchMode::Exhaustive => "heuristic-exhaustive",
+            SearchMode::Indexed => "heuristic",
+        }
+    }
+
+    fn decide(&mut self, view: &ClusterView, queue: &[PendingTask]) -> Vec<Decision> {
+        let name = self.name();
+        let mut round = Round::new(view);
+        let mut index = match self.mode {
+            SearchMode::Indexed => Some(Index::build(&round)),
+            SearchMode::Exhaustive => None,
+        };
+        let mut decisions: Vec<Option<Decision>> = vec![None; queue.len()];
+        let mut candidates = Vec::new();
+        let count = view.nodes.len();
+        for position in order(view, queue) {
+            let task = &queue[position];
+            let mut tally = FilterTally::default();
+            let mut top = TopCandidates::default();
+            candidates.clear();
+            match index.as_mut() {
+                Some(index) => {
+                    index.candidates(&round, task, &mut candidates);
+                    if count > 0 {
+                        for _ in 0..RANDOM_SAMPLE {
+                            candidates.push(self.rng.random_range(0..count));
+                        }
+                    }
+                    candidates.sort_unstable();
+                    candidates.dedup();
+                }
+                None => candidates.extend(0..count),
+            }
+            for node in candidates.iter().copied() {
+                if let Some(candidate) = best_level(&round, node, task, &mut tally) {
+                    top.offer(candidate);
+                }
+            }
+            if top.first().is_none() && index.is_some() {
+                // The index found nothing (every sampled node full): before holding,
+                // make sure no node at all can take the task.
+                for node in 0..count {
+                    if let Some(candidate) = best_level(&round, node, task, &mut tally) {
+                        top.offer(candidate);
+                    }
+                }
+            }
+            let why = match top.first() {
+                Some(best) if best.score >= 0.0 => "least energy meeting the deadline",
+                Some(_) => "no node meets the deadline: earliest finish",
+                None => "",
+            };
+            let decision = conclude(&mut round, name, task, &top, &tally, why);
+            if let (Some(index), Some(best)) = (index.as_mut(), top.first()) {
+                index.update(&round, best.node);
+            }
+            decisions[position] = Some(decision);
+        }
+        decisions
+            .into_iter()
+            .zip(queue)
+            .map(|(decision, task)| {
+                decision.unwrap_or_else(|| crate::policy::hold(task, name, &FilterTally::default()))
+            })
+            .collect()
+    }
+}

@@ -1,0 +1,338 @@
+//! The policy trait every placement strategy implements, the decisions it returns
+//! (each with an explanation people can read), and the registry of policies by name.
+//!
+//! A policy is handed a snapshot ([`ClusterView`]) and the pending queue, and
+//! returns one [`Decision`] per queued task, in the queue's order. Within one call
+//! it accounts its own placements (a task placed early in the queue occupies its
+//! node for the tasks after it), but it never changes the view: the caller commits
+//! what it actually dispatched.
+
+mod baselines;
+mod heuristic;
+
+use serde::{Deserialize, Serialize};
+
+use crate::estimate::{self, FilterTally};
+use crate::model::{ClusterView, NodeLoad, NodeView, PendingTask};
+
+pub use baselines::{
+    EarliestFinishPolicy, KubernetesPolicy, LeastLoadedPolicy, RandomPolicy, RoundRobinPolicy,
+    StaticOptimisationPolicy,
+};
+pub use heuristic::{HeuristicPolicy, SearchMode};
+
+/// A placement strategy.
+pub trait Policy: Send {
+    /// The policy's registry name.
+    fn name(&self) -> &'static str;
+    /// One decision per queued task, in the queue's order.
+    fn decide(&mut self, view: &ClusterView, queue: &[PendingTask]) -> Vec<Decision>;
+}
+
+/// What a policy decided for one task.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Decision {
+    /// The task's key, echoed from [`PendingTask::key`].
+    pub task_key: u64,
+    /// Where it goes, or why it waits.
+    pub outcome: Outcome,
+    /// Why, for people.
+    pub explanation: Explanation,
+}
+
+/// Place a task, or hold it for a later round.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case", tag = "outcome")]
+pub enum Outcome {
+    /// Run it on `view.nodes[node]` at `power_level`.
+    Place {
+        /// Index into [`ClusterView::nodes`].
+        node: usize,
+        /// Index into the node's power levels.
+        power_level: u8,
+    },
+    /// Keep it pending.
+    Hold {
+        /// Why, for people.
+        reason: String,
+    },
+}
+
+/// Why a policy decided as it did: a summary and the best alternatives it scored.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Explanation {
+    /// The policy's name.
+    pub policy: String,
+    /// One line for people.
+    pub summary: String,
+    /// The best candidates it considered, best first (the chosen one first when placed).
+    pub alternatives: Vec<Alternative>,
+}
+
+/// One candidate (node, power level) a policy scored.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Alternative {
+    /// The node's id.
+    pub node_id: String,
+    /// The power level considered.
+    pub power_level: u8,
+    /// The policy's score; higher is better.
+    pub score: f64,
+    /// Estimated finish, ms on the view's clock.
+    pub finish_ms: Option<f64>,
+    /// Estimated dynamic energy, joules.
+    pub energy_joules: Option<f64>,
+    /// What stood out, for people.
+    pub note: String,
+}
+
+/// Every policy's registry name: the heuristic first, then the baselines.
+pub const POLICY_NAMES: &[&str] = &[
+    "heuristic",
+    "heuristic-exhaustive",
+    "random",
+    "round-robin",
+    "least-loaded",
+    "kubernetes",
+    "earliest-finish",
+    "static-optimisation",
+];
+
+/// A policy name that is not in [`POLICY_NAMES`].
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("unknown placement policy {name:?}; valid names: {}", valid.join(", "))]
+pub struct UnknownPolicy {
+    /// The name asked for.
+    pub name: String,
+    /// The valid names.
+    pub valid: Vec<String>,
+}
+
+/// Builds a policy by name; `seed` feeds the policies that draw random numbers.
+pub fn policy_by_name(name: &str, seed: u64) -> Result<Box<dyn Policy>, UnknownPolicy> {
+    let policy: Box<dyn Policy> = match name.trim().to_ascii_lowercase().as_str() {
+        "heuristic" => Box::new(HeuristicPolicy::new(SearchMode::Indexed, seed)),
+        "heuristic-exhaustive" => Box::new(HeuristicPolicy::new(SearchMode::Exhaustive, seed)),
+        "random" => Box::new(RandomPolicy::new(seed)),
+        "round-robin" | "round_robin" => Box::new(RoundRobinPolicy::default()),
+        "least-loaded" | "least_loaded" => Box::new(LeastLoadedPolicy),
+        "kubernetes" | "k8s" => Box::new(KubernetesPolicy),
+        "earliest-finish" | "eft" => Box::new(EarliestFinishPolicy),
+        "static-optimisation" | "static" => Box::new(StaticOptimisationPolicy),
+        _ => {
+            return Err(UnknownPolicy {
+                name: name.to_owned(),
+                valid: POLICY_NAMES.iter().map(|name| (*name).to_owned()).collect(),
+            })
+        }
+    };
+    Ok(policy)
+}
+
+/// One node and power level evaluated for a task.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) struct Candidate {
+    pub node: usize,
+    pub power_level: u8,
+    pub finish_ms: f64,
+    pub energy_joules: f64,
+    pub score: f64,
+}
+
+/// One decision round: the view, plus the loads the round's own placements add.
+pub(crate) struct Round<'a> {
+    pub view: &'a ClusterView,
+    pub loads: Vec<NodeLoad>,
+    pub now_ms: f64,
+}
+
+impl<'a> Round<'a> {
+    pub fn new(view: &'a ClusterView) -> Self {
+        Self {
+            view,
+            loads: view.loads(),
+            now_ms: view.now_ms as f64,
+        }
+    }
+
+    pub fn node(&self, index: usize) -> Option<(&'a NodeView, &NodeLoad)> {
+        Some((self.view.nodes.get(index)?, self.loads.get(index)?))
+    }
+
+    /// Evaluates one node at one level; `None` when a hard filter fails (counted).
+    pub fn evaluate(
+        &self,
+        index: usize,
+        task: &PendingTask,
+        power_level: u8,
+        tally: &mut FilterTally,
+    ) -> Option<Candidate> {
+        let (node, load) = self.node(index)?;
+        if let Err(reason) = estimate::check(node, load, task, power_level) {
+            tally.add(reason);
+            return None;
+        }
+        Some(Candidate {
+            node: index,
+            power_level,
+            finish_ms: estimate::finish_ms(node, load, task, power_level, self.now_ms),
+            energy_joules: estimate::energy_joules(node, task, power_level),
+            score: 0.0,
+        })
+    }
+
+    /// Accounts a placement made in this round.
+    pub fn commit(&mut self, candidate: &Candidate, task: &PendingTask) {
+        let Some(node) = self.view.nodes.get(candidate.node) else {
+            return;
+        };
+        if let Some(load) = self.loads.get_mut(candidate.node) {
+            load.commit(
+                node,
+                task,
+                candidate.power_level,
+                self.now_ms,
+                candidate.finish_ms,
+            );
+        }
+    }
+
+    /// The alternative a candidate shows in an explanation.
+    pub fn alternative(&self, candidate: &Candidate, task: &PendingTask) -> Alternative {
+        let (id, note) = match self.view.nodes.get(candidate.node) {
+            Some(node) => {
+                let deadline = match task.deadline_ms {
+                    Some(deadline) if candidate.finish_ms <= deadline as f64 => {
+                        format!(
+                            "meets deadline with {:.0} ms slack",
+                            deadline as f64 - candidate.finish_ms
+                        )
+                    }
+                    Some(deadline) => format!(
+                        "misses deadline by {:.0} ms",
+                        candidate.finish_ms - deadline as f64
+                    ),
+                    None => "no deadline".to_owned(),
+                };
+                let state = self
+                    .loads
+                    .get(candidate.node)
+                    .map(|load| load.queue_state(node))
+                    .unwrap_or_else(|| node.queue_state());
+                (
+                    node.id.to_string(),
+                    format!(
+                        "{deadline}; {} queued, {:.1} s backlog",
+                        state.queued_tasks, state.backlog_s
+                    ),
+                )
+            }
+            None => (String::new(), String::new()),
+        };
+        Alternative {
+            node_id: id,
+            power_level: candidate.power_level,
+            score: candidate.score,
+            finish_ms: Some(candidate.finish_ms),
+            energy_joules: Some(candidate.energy_joules),
+            note,
+        }
+    }
+}
+
+/// The best few candidates by score, kept without sorting the whole set.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct TopCandidates {
+    best: Vec<Candidate>,
+}
+
+/// How many alternatives an explanation lists.
+pub(crate) const ALTERNATIVES_SHOWN: usize = 3;
+
+impl TopCandidates {
+    /// Offers a candidate; ties keep the earlier one (lower node index first).
+    pub fn offer(&mut self, candidate: Candidate) {
+        if self.best.len() == ALTERNATIVES_SHOWN
+            && self
+                .best
+                .last()
+                .is_some_and(|worst| worst.score >= candidate.score)
+        {
+            return;
+        }
+        let position = self
+            .best
+            .iter()
+            .position(|kept| kept.score < candidate.score)
+            .unwrap_or(self.best.len());
+        self.best.insert(position, candidate);
+        self.best.truncate(ALTERNATIVES_SHOWN);
+    }
+
+    pub fn first(&self) -> Option<&Candidate> {
+        self.best.first()
+    }
+
+    pub fn iter(&self) -> impl Iterator<Item = &Candidate> {
+        self.best.iter()
+    }
+}
+
+/// Finishes a decision: places the best candidate (committing it to the round), or
+/// holds the task with the filters' tally as the reason.
+pub(crate) fn conclude(
+    round: &mut Round<'_>,
+    policy: &str,
+    task: &PendingTask,
+    top: &TopCandidates,
+    tally: &FilterTally,
+    why: &str,
+) -> Decision {
+    let alternatives: Vec<Alternative> = top
+        .iter()
+        .map(|candidate| round.alternative(candidate, task))
+        .collect();
+    match top.first().copied() {
+        Some(best) => {
+            round.commit(&best, task);
+            let node_id = alternatives
+                .first()
+                .map(|alternative| alternative.node_id.clone())
+                .unwrap_or_default();
+            Decision {
+                task_key: task.key,
+                outcome: Outcome::Place {
+                    node: best.node,
+                    power_level: best.power_level,
+                },
+                explanation: Explanation {
+                    policy: policy.to_owned(),
+                    summary: format!(
+                        "{node_id} at power level {}: {why}; finish in {:.0} ms, {:.2} J",
+                        best.power_level,
+                        (best.finish_ms - round.now_ms).max(0.0),
+                        best.energy_joules
+                    ),
+                    alternatives,
+                },
+            }
+        }
+        None => hold(task, policy, tally),
+    }
+}
+
+/// A hold for want of any compatible node.
+pub(crate) fn hold(task: &PendingTask, policy: &str, tally: &FilterTally) -> Decision {
+    let reason = format!("no compatible node: {}", tally.describe());
+    Decision {
+        task_key: task.key,
+        outcome: Outcome::Hold {
+            reason: reason.clone(),
+        },
+        explanation: Explanation {
+            policy: policy.to_owned(),
+            summary: format!("held: {reason}"),
+            alternatives: Vec::new(),
+        },
+    }
+}
