@@ -1,1 +1,381 @@
-//! Starling coordinator.
+//! Starling's coordinator: it keeps the registry of nodes reported over MQTT,
+//! stores artifacts and tasks, places pending tasks with the placement engine,
+//! turns agents' events into task state, and serves the REST API that the
+//! `starling` CLI uses.
+//!
+//! [`start`] runs all of it inside the caller's tokio runtime and returns a
+//! [`Running`] handle; the `starling-coordinator serve` binary is a thin
+//! wrapper around it.
+
+pub mod api;
+pub mod broker;
+pub mod cli;
+pub mod client;
+pub mod config;
+pub mod ingest;
+pub mod manifest;
+pub mod registry;
+pub mod scheduler;
+pub mod store;
+pub mod task;
+
+use std::net::SocketAddr;
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+
+use rumqttc::{AsyncClient, Event, EventLoop, MqttOptions, Packet};
+use tokio::sync::{watch, Notify};
+use tokio::task::JoinHandle;
+
+pub use config::{CoordinatorConfig, ServeArgs};
+pub use store::Store;
+
+use broker::{BrokerAddress, MAX_PACKET_BYTES};
+use registry::Registry;
+
+/// How long the coordinator waits for the broker to accept its connection.
+const BROKER_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Why the coordinator could not start. Each message says what to change.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    /// The REST listen address is taken or invalid.
+    #[error(
+        "cannot listen on {addr}: {reason}; pass --listen with a free port (port 0 picks one)"
+    )]
+    Listen {
+        /// The address asked for.
+        addr: SocketAddr,
+        /// The OS's words.
+        reason: String,
+    },
+    /// The embedded broker could not start.
+    #[error(transparent)]
+    Broker(#[from] broker::StartBrokerError),
+    /// The external broker URL is malformed.
+    #[error(transparent)]
+    BrokerUrl(#[from] broker::BrokerUrlError),
+    /// The broker did not accept the coordinator's connection.
+    #[error("cannot reach the MQTT broker at {url}: {reason}; start it or pass --broker with the right address")]
+    BrokerUnreachable {
+        /// The broker's URL.
+        url: String,
+        /// What went wrong.
+        reason: String,
+    },
+    /// The database could not be opened.
+    #[error(transparent)]
+    Database(#[from] store::OpenStoreError),
+    /// The data directory could not be created.
+    #[error(
+        "cannot create data directory {path}: {source}; pass --data-dir with a writable directory"
+    )]
+    DataDir {
+        /// The directory.
+        path: std::path::PathBuf,
+        /// The OS error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The placement policy is unknown.
+    #[error("{0}; pass --policy with one of them")]
+    Policy(#[from] starling_placement::UnknownPolicy),
+    /// The topic prefix is invalid.
+    #[error("{0}; pass --topic-prefix like starling/v1")]
+    TopicPrefix(#[from] starling_proto::TopicError),
+}
+
+/// State shared by the ingest loop, the scheduler and the REST handlers.
+pub(crate) struct Shared {
+    pub(crate) store: Store,
+    pub(crate) registry: RwLock<Registry>,
+    pub(crate) topics: starling_proto::Topics,
+    pub(crate) mqtt: AsyncClient,
+    pub(crate) public_url: String,
+    pub(crate) policy_name: String,
+    pub(crate) max_attempts: u32,
+    pub(crate) max_artifact_bytes: usize,
+    pub(crate) api_token: Option<String>,
+    pub(crate) wake_scheduler: Notify,
+}
+
+impl Shared {
+    /// Reads the registry; a poisoned lock (a panic while writing) still holds
+    /// a consistent map because every write is a single insert or field update.
+    pub(crate) fn registry(&self) -> std::sync::RwLockReadGuard<'_, Registry> {
+        self.registry
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Writes the registry (see [`Shared::registry`] on poisoning).
+    pub(crate) fn registry_mut(&self) -> std::sync::RwLockWriteGuard<'_, Registry> {
+        self.registry
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+}
+
+/// A started coordinator.
+pub struct Running {
+    rest_addr: SocketAddr,
+    mqtt_url: String,
+    public_url: String,
+    embedded_broker: bool,
+    shared: Arc<Shared>,
+    stop: watch::Sender<bool>,
+    tasks: Vec<JoinHandle<()>>,
+}
+
+impl std::fmt::Debug for Running {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Running")
+            .field("rest_addr", &self.rest_addr)
+            .field("mqtt_url", &self.mqtt_url)
+            .field("public_url", &self.public_url)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Running {
+    /// The address the REST API is bound to.
+    pub fn rest_addr(&self) -> SocketAddr {
+        self.rest_addr
+    }
+
+    /// The REST API's base URL (`http://IP:PORT`), as bound.
+    pub fn rest_url(&self) -> String {
+        format!("http://{}", self.rest_addr)
+    }
+
+    /// The broker's URL (`mqtt://HOST:PORT`): the embedded broker's address or the external one.
+    pub fn mqtt_url(&self) -> &str {
+        &self.mqtt_url
+    }
+
+    /// The URL agents are told to fetch artifacts from.
+    pub fn public_url(&self) -> &str {
+        &self.public_url
+    }
+
+    /// Whether the broker is the embedded one.
+    pub fn embedded_broker(&self) -> bool {
+        self.embedded_broker
+    }
+
+    /// The store, for tools that run beside the coordinator.
+    pub fn store(&self) -> &Store {
+        &self.shared.store
+    }
+
+    /// The one line `serve` prints when ready; tests parse it.
+    pub fn ready_line(&self) -> String {
+        format!(
+            "starling-coordinator ready rest={} mqtt={}",
+            self.rest_url(),
+            self.mqtt_url
+        )
+    }
+
+    /// Stops serving: the REST server drains, the MQTT client disconnects, the
+    /// scheduler stops, the database closes. The embedded broker (rumqttd has
+    /// no stop) keeps its port until the process exits.
+    pub async fn shutdown(self) {
+        let _ = self.stop.send(true);
+        let _ = self.shared.mqtt.try_disconnect();
+        for task in self.tasks {
+            if tokio::time::timeout(Duration::from_secs(5), task)
+                .await
+                .is_err()
+            {
+                tracing::warn!("a coordinator task did not stop within 5 s");
+            }
+        }
+        self.shared.store.close().await;
+    }
+}
+
+/// The REST address as agents on other hosts may reach it.
+fn default_public_url(rest_addr: SocketAddr) -> String {
+    if rest_addr.ip().is_unspecified() {
+        // Bound to every interface: 127.0.0.1 works locally; agents elsewhere
+        // need --public-url, which `start` says in a warning.
+        format!("http://127.0.0.1:{}", rest_addr.port())
+    } else {
+        format!("http://{rest_addr}")
+    }
+}
+
+/// Connects the coordinator's MQTT client and waits for the broker's ConnAck.
+async fn connect_mqtt(address: &BrokerAddress) -> Result<(AsyncClient, EventLoop), StartError> {
+    let client_id = format!("starling-coordinator-{}", uuid::Uuid::now_v7().simple());
+    let mut options = MqttOptions::new(client_id, address.host.clone(), address.port);
+    options
+        .set_keep_alive(Duration::from_secs(10))
+        .set_clean_session(true)
+        .set_max_packet_size(MAX_PACKET_BYTES, MAX_PACKET_BYTES);
+    let (client, mut eventloop) = AsyncClient::new(options, 256);
+    let unreachable = |reason: String| StartError::BrokerUnreachable {
+        url: address.url(),
+        reason,
+    };
+    let wait_for_connack = async {
+        loop {
+            match eventloop.poll().await {
+                Ok(Event::Incoming(Packet::ConnAck(_))) => return Ok(()),
+                Ok(_) => continue,
+                Err(error) => return Err(unreachable(error.to_string())),
+            }
+        }
+    };
+    match tokio::time::timeout(BROKER_CONNECT_TIMEOUT, wait_for_connack).await {
+        Ok(Ok(())) => Ok((client, eventloop)),
+        Ok(Err(error)) => Err(error),
+        Err(_) => Err(unreachable(format!(
+            "no answer within {BROKER_CONNECT_TIMEOUT:?}"
+        ))),
+    }
+}
+
+/// Starts the coordinator: opens the store, binds the REST API, starts or
+/// connects to the broker, and spawns ingest, scheduler and HTTP server on the
+/// current tokio runtime.
+pub async fn start(config: CoordinatorConfig) -> Result<Running, StartError> {
+    let topics = starling_proto::Topics::new(&config.topic_prefix)?;
+    let policy = starling_placement::policy_by_name(&config.policy, config.placement_seed)?;
+
+    let rest_listener = tokio::net::TcpListener::bind(config.listen)
+        .await
+        .map_err(|error| StartError::Listen {
+            addr: config.listen,
+            reason: describe_bind_error(&error),
+        })?;
+    let rest_addr = rest_listener
+        .local_addr()
+        .map_err(|error| StartError::Listen {
+            addr: config.listen,
+            reason: error.to_string(),
+        })?;
+
+    if config.db.is_none() {
+        std::fs::create_dir_all(&config.data_dir).map_err(|source| StartError::DataDir {
+            path: config.data_dir.clone(),
+            source,
+        })?;
+    }
+    let store = Store::open(&config.database_url()).await?;
+
+    let (address, embedded_broker) = match &config.broker {
+        Some(url) => (BrokerAddress::parse(url)?, false),
+        None => {
+            let bound = broker::start_embedded_broker(config.mqtt_listen)?;
+            let host = if bound.ip().is_unspecified() {
+                "127.0.0.1".to_string()
+            } else {
+                bound.ip().to_string()
+            };
+            (
+                BrokerAddress {
+                    host,
+                    port: bound.port(),
+                },
+                true,
+            )
+        }
+    };
+    let (mqtt, eventloop) = match connect_mqtt(&address).await {
+        Ok(connected) => connected,
+        Err(error) => {
+            store.close().await;
+            return Err(error);
+        }
+    };
+
+    let public_url = config
+        .public_url
+        .clone()
+        .map(|url| url.trim_end_matches('/').to_string())
+        .unwrap_or_else(|| default_public_url(rest_addr));
+    if config.public_url.is_none() && rest_addr.ip().is_unspecified() {
+        tracing::warn!(
+            %public_url,
+            "listening on every interface; agents on other hosts need --public-url with an address they can reach"
+        );
+    }
+
+    let shared = Arc::new(Shared {
+        store,
+        registry: RwLock::new(Registry::new()),
+        topics,
+        mqtt,
+        public_url: public_url.clone(),
+        policy_name: policy.name().to_string(),
+        max_attempts: config.max_attempts.max(1),
+        max_artifact_bytes: config.max_artifact_bytes,
+        api_token: config.api_token.clone(),
+        wake_scheduler: Notify::new(),
+    });
+    let (stop, stop_rx) = watch::channel(false);
+    let (messages_tx, messages_rx) = tokio::sync::mpsc::channel(1024);
+
+    let mut tasks = Vec::new();
+    tasks.push(tokio::spawn(ingest::run_mqtt_loop(
+        eventloop,
+        shared.clone(),
+        messages_tx,
+        stop_rx.clone(),
+    )));
+    tasks.push(tokio::spawn(ingest::run_message_handler(
+        shared.clone(),
+        messages_rx,
+    )));
+    tasks.push(tokio::spawn(scheduler::run(
+        shared.clone(),
+        policy,
+        config.schedule_interval,
+        stop_rx.clone(),
+    )));
+    let router = api::router(shared.clone());
+    let mut http_stop = stop_rx;
+    tasks.push(tokio::spawn(async move {
+        let shutdown = async move {
+            let _ = http_stop.wait_for(|stopped| *stopped).await;
+        };
+        if let Err(error) = axum::serve(rest_listener, router)
+            .with_graceful_shutdown(shutdown)
+            .await
+        {
+            tracing::error!(%error, "REST server stopped");
+        }
+    }));
+    // Subscriptions are made by the MQTT loop on each ConnAck; the first one
+    // was consumed above, so subscribe now for it.
+    ingest::subscribe(&shared);
+
+    tracing::info!(
+        rest = %rest_addr,
+        mqtt = %address.url(),
+        db = shared.store.backend_name(),
+        policy = %shared.policy_name,
+        "coordinator started"
+    );
+    Ok(Running {
+        rest_addr,
+        mqtt_url: address.url(),
+        public_url,
+        embedded_broker,
+        shared,
+        stop,
+        tasks,
+    })
+}
+
+/// Says "address in use" plainly for the commonest bind failure.
+fn describe_bind_error(error: &std::io::Error) -> String {
+    match error.kind() {
+        std::io::ErrorKind::AddrInUse => "address in use".to_string(),
+        std::io::ErrorKind::AddrNotAvailable => "address not available on this host".to_string(),
+        std::io::ErrorKind::PermissionDenied => "permission denied".to_string(),
+        _ => error.to_string(),
+    }
+}

@@ -1,1 +1,77 @@
-fn main() {}
+//! `starling-coordinator`: the coordinator server. `serve` starts it.
+
+use anyhow::Context as _;
+use clap::{Parser, Subcommand};
+use tracing_subscriber::EnvFilter;
+
+/// Starling's coordinator: node registry, placement, task store and REST API.
+#[derive(Debug, Parser)]
+#[command(
+    name = "starling-coordinator",
+    version,
+    after_help = "Examples:\n  starling-coordinator serve\n  starling-coordinator serve --listen 0.0.0.0:7878 --public-url http://10.0.0.5:7878\n  starling-coordinator serve --broker mqtt://127.0.0.1:1883 --db postgres://postgres@127.0.0.1/starling\n  starling-coordinator serve --config /etc/starling/coordinator.toml\n\nEvery flag can also be set by its STARLING_* environment variable or in the --config file;\nflags win over the environment, which wins over the file."
+)]
+struct Args {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Start the coordinator (embedded MQTT broker and SQLite unless told otherwise).
+    Serve(starling_coordinator::ServeArgs),
+}
+
+fn main() {
+    let args = Args::parse();
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| EnvFilter::new("info,rumqttd=warn,sqlx=warn")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    if let Err(error) = run(args) {
+        eprintln!("starling-coordinator: {error:#}");
+        std::process::exit(1);
+    }
+}
+
+fn run(args: Args) -> anyhow::Result<()> {
+    let Command::Serve(serve) = args.command;
+    let config = serve.resolve()?;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("cannot start the async runtime")?;
+    runtime.block_on(async move {
+        let running = starling_coordinator::start(config).await?;
+        println!("{}", running.ready_line());
+        shutdown_signal().await;
+        tracing::info!("shutting down");
+        running.shutdown().await;
+        Ok(())
+    })
+}
+
+async fn shutdown_signal() {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{signal, SignalKind};
+        match signal(SignalKind::terminate()) {
+            Ok(mut terminate) => {
+                tokio::select! {
+                    _ = tokio::signal::ctrl_c() => {}
+                    _ = terminate.recv() => {}
+                }
+            }
+            Err(_) => {
+                let _ = tokio::signal::ctrl_c().await;
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = tokio::signal::ctrl_c().await;
+    }
+}

@@ -1,0 +1,977 @@
+//! The REST API under `/api/v1` (axum), with its OpenAPI document (utoipa).
+//! Errors are JSON `{"error": CODE, "message": WHAT TO DO}` with the matching
+//! HTTP status. When an API token is configured, every mutating call needs it.
+
+use std::sync::Arc;
+
+use axum::body::Bytes;
+use axum::extract::rejection::{BytesRejection, JsonRejection};
+use axum::extract::{DefaultBodyLimit, Path, Query, Request, State};
+use axum::http::{header, Method, StatusCode};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use base64::Engine as _;
+use rumqttc::QoS;
+use serde::{Deserialize, Serialize};
+use sha2::{Digest as _, Sha256};
+use starling_proto::limits::{ARG_LEN, MAX_ARGS, MAX_INLINE_INPUT_BYTES};
+use starling_proto::{encode, Cancel, Channel, Digest, NodeId, Runtime, TaskId, PROTOCOL_VERSION};
+use utoipa::{IntoParams, OpenApi, ToSchema};
+
+use crate::registry::NodeEntry;
+use crate::store::{AttemptRecord, CancelOutcome, EventRecord, NewTask, TaskRecord};
+use crate::task::{unix_now_ms, TaskDemand, TaskKind, TaskLimits, TaskStatus};
+use crate::Shared;
+
+/// Default number of tasks a list returns.
+const DEFAULT_LIST_LIMIT: u32 = 50;
+/// Most tasks a list returns.
+const MAX_LIST_LIMIT: u32 = 1000;
+/// Largest JSON request body (a task with its inline input in base64).
+const MAX_JSON_BODY_BYTES: usize = 2 * 1024 * 1024;
+
+/// An error answer.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct ApiError {
+    /// A stable code programs can match (`not_found`, `invalid_artifact`, ...).
+    pub error: String,
+    /// What went wrong and what to do, for people.
+    pub message: String,
+    #[serde(skip)]
+    #[schema(ignore)]
+    status: u16,
+}
+
+impl ApiError {
+    /// An error with a status, a code and a message.
+    pub fn new(status: StatusCode, error: &str, message: impl Into<String>) -> Self {
+        Self {
+            error: error.to_string(),
+            message: message.into(),
+            status: status.as_u16(),
+        }
+    }
+
+    fn internal(error: impl std::fmt::Display) -> Self {
+        tracing::error!(%error, "request failed");
+        Self::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "internal",
+            format!("the coordinator failed: {error}; see its log"),
+        )
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let status = StatusCode::from_u16(self.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+        (status, Json(self)).into_response()
+    }
+}
+
+impl From<crate::store::StoreError> for ApiError {
+    fn from(error: crate::store::StoreError) -> Self {
+        Self::internal(error)
+    }
+}
+
+/// The coordinator's health.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct Health {
+    /// `ok` when the database answers.
+    pub status: String,
+    /// The coordinator's version.
+    pub version: String,
+    /// The database backend (`sqlite` or `postgres`).
+    pub database: String,
+    /// The placement policy in force.
+    pub policy: String,
+    /// Nodes known.
+    pub nodes: usize,
+    /// Nodes online.
+    pub nodes_online: usize,
+}
+
+/// One node, in a list.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct NodeSummary {
+    /// The node's id.
+    pub id: String,
+    /// Whether it is online.
+    pub online: bool,
+    /// CPU architecture.
+    pub arch: String,
+    /// Logical cores.
+    pub cores: u16,
+    /// Total memory in bytes.
+    pub memory_bytes: u64,
+    /// OpenCL devices.
+    pub gpus: usize,
+    /// Runtimes it runs.
+    pub runtimes: Vec<String>,
+    /// Operator labels, `key=value`.
+    pub labels: Vec<String>,
+    /// CPU load (0..=1) from the latest telemetry.
+    pub cpu_load: Option<f32>,
+    /// Tasks running now, from the latest telemetry.
+    pub running_tasks: Option<u16>,
+    /// When it was last heard from, Unix milliseconds.
+    pub last_seen_ms: u64,
+}
+
+/// The node list.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct NodeList {
+    /// Nodes, ordered by id.
+    pub nodes: Vec<NodeSummary>,
+}
+
+/// One node in full.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct NodeDetail {
+    /// The node's id.
+    pub id: String,
+    /// Whether it is online.
+    pub online: bool,
+    /// Its last status (`online`, `offline`), if it sent one.
+    pub status: Option<String>,
+    /// Its capability report, as the agent sent it.
+    #[schema(value_type = Object)]
+    pub capability: serde_json::Value,
+    /// Its latest telemetry report.
+    #[schema(value_type = Option<Object>)]
+    pub telemetry: Option<serde_json::Value>,
+    /// When it was last heard from, Unix milliseconds.
+    pub last_seen_ms: u64,
+}
+
+/// A stored artifact.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct ArtifactStored {
+    /// Its sha256, 64 hex digits.
+    pub digest: String,
+    /// Its size in bytes.
+    pub size: u64,
+    /// Whether these bytes were new to the coordinator.
+    pub created: bool,
+}
+
+/// A task submission.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct SubmitTask {
+    /// The module's digest (64 hex digits), as `POST /artifacts` returned it.
+    pub artifact: String,
+    /// Input for the task's stdin, base64 (give this or `input_text`, not both).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub input_base64: Option<String>,
+    /// Input for the task's stdin, as text.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub input_text: Option<String>,
+    /// Arguments (argv after the program name).
+    #[serde(default)]
+    pub args: Vec<String>,
+    /// Deadline in milliseconds from now.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub deadline_ms: Option<u64>,
+    /// Priority, higher first (0..=255, default 0).
+    #[serde(default)]
+    pub priority: u8,
+    /// Dominant resource: `cpu` (default), `gpu` or `io`.
+    #[serde(default)]
+    pub class: TaskKind,
+    /// Resources the task needs.
+    #[serde(default)]
+    pub demand: TaskDemand,
+    /// Limits enforced on each attempt.
+    #[serde(default)]
+    pub limits: TaskLimits,
+    /// Estimated work, in seconds on one reference core (default 1).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub work_seconds: Option<f64>,
+}
+
+/// A task in a list.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct TaskSummary {
+    /// The task's id.
+    pub id: String,
+    /// Its state.
+    pub state: TaskStatus,
+    /// Its module's digest.
+    pub artifact: String,
+    /// The node of its current or last attempt.
+    pub node_id: Option<String>,
+    /// Its current attempt (0 before the first).
+    pub attempt: u32,
+    /// Its priority.
+    pub priority: u8,
+    /// When it was submitted, Unix milliseconds.
+    pub created_ms: u64,
+    /// When it last changed, Unix milliseconds.
+    pub updated_ms: u64,
+    /// Failure code, for failed tasks.
+    pub reason: Option<String>,
+}
+
+/// The task list.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct TaskList {
+    /// Tasks, newest first.
+    pub tasks: Vec<TaskSummary>,
+}
+
+/// One task in full.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct TaskDetail {
+    /// The task's id.
+    pub id: String,
+    /// Its state.
+    pub state: TaskStatus,
+    /// Its module's digest.
+    pub artifact: String,
+    /// The runtime.
+    pub runtime: String,
+    /// Arguments.
+    pub args: Vec<String>,
+    /// Dominant resource.
+    pub class: TaskKind,
+    /// Resources it needs.
+    pub demand: TaskDemand,
+    /// Limits enforced.
+    pub limits: TaskLimits,
+    /// Estimated work, seconds on one reference core.
+    pub work_seconds: f64,
+    /// Priority.
+    pub priority: u8,
+    /// Absolute deadline, Unix milliseconds.
+    pub deadline_unix_ms: Option<u64>,
+    /// Input size in bytes.
+    pub input_bytes: u64,
+    /// When it was submitted, Unix milliseconds.
+    pub created_ms: u64,
+    /// When it last changed, Unix milliseconds.
+    pub updated_ms: u64,
+    /// The node of its current or last attempt.
+    pub node_id: Option<String>,
+    /// Its current attempt (0 before the first).
+    pub attempt: u32,
+    /// The power level chosen for the current attempt.
+    pub power_level: Option<u8>,
+    /// Output of a successful run, base64.
+    pub output_base64: Option<String>,
+    /// Output of a successful run, when it is UTF-8.
+    pub output_text: Option<String>,
+    /// The module's exit code, when it exited.
+    pub exit_code: Option<i32>,
+    /// Failure code (`timeout`, `trap`, `node_lost`, ...).
+    pub reason: Option<String>,
+    /// Failure message for people.
+    pub message: Option<String>,
+    /// Whether a cancel was requested.
+    pub cancel_requested: bool,
+    /// The latest placement decision's explanation.
+    #[schema(value_type = Option<Object>)]
+    pub explanation: Option<serde_json::Value>,
+    /// Attempts, first first.
+    pub attempts: Vec<AttemptRecord>,
+    /// Events received from agents, oldest first.
+    pub events: Vec<EventRecord>,
+}
+
+/// Filters for the task list.
+#[derive(Debug, Clone, Default, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct TaskListQuery {
+    /// Only tasks in this state (`pending`, `assigned`, `running`, `succeeded`, `failed`, `cancelled`).
+    pub state: Option<String>,
+    /// Most tasks returned (default 50, at most 1000).
+    pub limit: Option<u32>,
+}
+
+/// The OpenAPI document of this API.
+#[derive(OpenApi)]
+#[openapi(
+    info(
+        title = "Starling coordinator API",
+        description = "Nodes, artifacts and tasks of a Starling coordinator. Mutating calls need `Authorization: Bearer TOKEN` when the coordinator has an API token."
+    ),
+    paths(
+        health,
+        list_nodes,
+        get_node,
+        upload_artifact,
+        get_artifact,
+        submit_task,
+        list_tasks,
+        get_task,
+        cancel_task,
+        openapi_document
+    ),
+    components(schemas(
+        ApiError,
+        Health,
+        NodeSummary,
+        NodeList,
+        NodeDetail,
+        ArtifactStored,
+        SubmitTask,
+        TaskSummary,
+        TaskList,
+        TaskDetail,
+        TaskStatus,
+        TaskKind,
+        TaskDemand,
+        TaskLimits,
+        AttemptRecord,
+        EventRecord
+    ))
+)]
+pub struct ApiDoc;
+
+/// The OpenAPI document as pretty JSON (the checked-in `openapi.json`).
+pub fn openapi_json() -> String {
+    ApiDoc::openapi()
+        .to_pretty_json()
+        .unwrap_or_else(|error| format!("{{\"error\": \"{error}\"}}"))
+}
+
+/// The API's routes over the coordinator's shared state.
+pub(crate) fn router(shared: Arc<Shared>) -> Router {
+    let artifact_limit = shared.max_artifact_bytes;
+    Router::new()
+        .route("/api/v1/health", get(health))
+        .route("/api/v1/nodes", get(list_nodes))
+        .route("/api/v1/nodes/{id}", get(get_node))
+        .route(
+            "/api/v1/artifacts",
+            post(upload_artifact).layer(DefaultBodyLimit::max(artifact_limit)),
+        )
+        .route("/api/v1/artifacts/{digest}", get(get_artifact))
+        .route("/api/v1/tasks", post(submit_task).get(list_tasks))
+        .route("/api/v1/tasks/{id}", get(get_task))
+        .route("/api/v1/tasks/{id}/cancel", post(cancel_task))
+        .route("/api/v1/openapi.json", get(openapi_document))
+        .fallback(not_found)
+        .layer(DefaultBodyLimit::max(MAX_JSON_BODY_BYTES))
+        .layer(axum::middleware::from_fn_with_state(
+            shared.clone(),
+            require_token,
+        ))
+        .with_state(shared)
+}
+
+async fn not_found() -> ApiError {
+    ApiError::new(
+        StatusCode::NOT_FOUND,
+        "not_found",
+        "no such endpoint; see GET /api/v1/openapi.json for the API",
+    )
+}
+
+/// Compares without an early exit, so response times do not leak how much of
+/// a guessed token was right.
+fn same_token(given: &[u8], expected: &[u8]) -> bool {
+    if given.len() != expected.len() {
+        return false;
+    }
+    given
+        .iter()
+        .zip(expected)
+        .fold(0u8, |acc, (a, b)| acc | (a ^ b))
+        == 0
+}
+
+async fn require_token(
+    State(shared): State<Arc<Shared>>,
+    request: Request,
+    next: Next,
+) -> Response {
+    let Some(expected) = shared.api_token.as_deref() else {
+        return next.run(request).await;
+    };
+    let reading = matches!(
+        *request.method(),
+        Method::GET | Method::HEAD | Method::OPTIONS
+    );
+    if reading {
+        return next.run(request).await;
+    }
+    let given = request
+        .headers()
+        .get(header::AUTHORIZATION)
+        .and_then(|value| value.to_str().ok())
+        .and_then(|value| value.strip_prefix("Bearer "));
+    match given {
+        Some(token) if same_token(token.trim().as_bytes(), expected.as_bytes()) => {
+            next.run(request).await
+        }
+        Some(_) => ApiError::new(
+            StatusCode::UNAUTHORIZED,
+            "unauthorized",
+            "the bearer token is wrong; pass the coordinator's API token (starling --token or STARLING_API_TOKEN)",
+        )
+        .into_response(),
+        None => ApiError::new(
+            StatusCode::UNAUTHORIZED,
+            "unauthorized",
+            "this coordinator requires a token for changes; send Authorization: Bearer TOKEN (starling --token or STARLING_API_TOKEN)",
+        )
+        .into_response(),
+    }
+}
+
+/// Reports whether the coordinator and its database answer.
+#[utoipa::path(
+    get,
+    path = "/api/v1/health",
+    responses(
+        (status = 200, description = "The coordinator serves and its database answers", body = Health),
+        (status = 503, description = "The database does not answer", body = ApiError)
+    )
+)]
+async fn health(State(shared): State<Arc<Shared>>) -> Result<Json<Health>, ApiError> {
+    shared.store.ping().await.map_err(|error| {
+        ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "database_unavailable",
+            format!("the database does not answer: {error}"),
+        )
+    })?;
+    let (nodes, nodes_online) = {
+        let registry = shared.registry();
+        (
+            registry.len(),
+            registry.nodes().filter(|node| node.online()).count(),
+        )
+    };
+    Ok(Json(Health {
+        status: "ok".to_string(),
+        version: env!("CARGO_PKG_VERSION").to_string(),
+        database: shared.store.backend_name().to_string(),
+        policy: shared.policy_name.clone(),
+        nodes,
+        nodes_online,
+    }))
+}
+
+fn node_summary(entry: &NodeEntry) -> NodeSummary {
+    let capability = &entry.capability;
+    NodeSummary {
+        id: capability.node_id.to_string(),
+        online: entry.online(),
+        arch: capability.arch.to_string(),
+        cores: capability.cpu.cores,
+        memory_bytes: capability.memory_bytes,
+        gpus: capability.gpus.len(),
+        runtimes: capability
+            .runtimes
+            .iter()
+            .map(|runtime| runtime.as_str().to_string())
+            .collect(),
+        labels: capability.labels.iter().map(ToString::to_string).collect(),
+        cpu_load: entry.telemetry.as_ref().map(|t| t.cpu_load),
+        running_tasks: entry.telemetry.as_ref().map(|t| t.running_tasks),
+        last_seen_ms: entry.last_seen_ms,
+    }
+}
+
+/// Lists the nodes the coordinator knows.
+#[utoipa::path(
+    get,
+    path = "/api/v1/nodes",
+    responses((status = 200, description = "Known nodes, ordered by id", body = NodeList))
+)]
+async fn list_nodes(State(shared): State<Arc<Shared>>) -> Json<NodeList> {
+    let nodes = shared.registry().nodes().map(node_summary).collect();
+    Json(NodeList { nodes })
+}
+
+/// Shows one node: capability, latest telemetry and status.
+#[utoipa::path(
+    get,
+    path = "/api/v1/nodes/{id}",
+    params(("id" = String, Path, description = "The node's id")),
+    responses(
+        (status = 200, description = "The node", body = NodeDetail),
+        (status = 404, description = "No such node", body = ApiError)
+    )
+)]
+async fn get_node(
+    State(shared): State<Arc<Shared>>,
+    Path(id): Path<String>,
+) -> Result<Json<NodeDetail>, ApiError> {
+    let unknown = || {
+        ApiError::new(
+            StatusCode::NOT_FOUND,
+            "node_not_found",
+            format!("no node {id:?} has reported; list nodes with GET /api/v1/nodes"),
+        )
+    };
+    let node_id = NodeId::new(&id).map_err(|_| unknown())?;
+    let registry = shared.registry();
+    let entry = registry.get(&node_id).ok_or_else(unknown)?;
+    let capability = serde_json::to_value(&entry.capability).map_err(ApiError::internal)?;
+    let telemetry = entry
+        .telemetry
+        .as_ref()
+        .map(serde_json::to_value)
+        .transpose()
+        .map_err(ApiError::internal)?;
+    Ok(Json(NodeDetail {
+        id: node_id.to_string(),
+        online: entry.online(),
+        status: entry.state.map(|state| match state {
+            starling_proto::NodeState::Online => "online".to_string(),
+            starling_proto::NodeState::Offline => "offline".to_string(),
+        }),
+        capability,
+        telemetry,
+        last_seen_ms: entry.last_seen_ms,
+    }))
+}
+
+/// Checks that bytes are a valid WebAssembly module, saying why not.
+pub fn validate_wasm(bytes: &[u8]) -> Result<(), String> {
+    if !bytes.starts_with(b"\0asm") {
+        return Err("the body is not a WebAssembly module (it does not start with \\0asm); upload a .wasm file".to_string());
+    }
+    wasmparser::Validator::new()
+        .validate_all(bytes)
+        .map(|_| ())
+        .map_err(|error| format!("the WebAssembly module is invalid: {error}"))
+}
+
+/// Stores a WebAssembly module under its sha256. Uploading the same bytes again is fine.
+#[utoipa::path(
+    post,
+    path = "/api/v1/artifacts",
+    request_body(content = Vec<u8>, content_type = "application/wasm", description = "The module's bytes"),
+    responses(
+        (status = 201, description = "Stored (or already stored)", body = ArtifactStored),
+        (status = 400, description = "Not a valid WebAssembly module", body = ApiError),
+        (status = 401, description = "Missing or wrong API token", body = ApiError),
+        (status = 413, description = "Larger than the coordinator accepts", body = ApiError)
+    )
+)]
+async fn upload_artifact(
+    State(shared): State<Arc<Shared>>,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<(StatusCode, Json<ArtifactStored>), ApiError> {
+    let bytes = body.map_err(|rejection| {
+        if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
+            ApiError::new(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "artifact_too_large",
+                format!(
+                    "the module is larger than the {} bytes this coordinator accepts; shrink it (wasm-opt, strip debug info) or raise max-artifact-bytes",
+                    shared.max_artifact_bytes
+                ),
+            )
+        } else {
+            ApiError::new(rejection.status(), "bad_body", rejection.body_text())
+        }
+    })?;
+    if bytes.is_empty() {
+        return Err(ApiError::new(
+            StatusCode::BAD_REQUEST,
+            "invalid_artifact",
+            "the body is empty; send the .wasm file's bytes",
+        ));
+    }
+    validate_wasm(&bytes)
+        .map_err(|message| ApiError::new(StatusCode::BAD_REQUEST, "invalid_artifact", message))?;
+    let digest = Digest(Sha256::digest(&bytes).into());
+    let created = shared
+        .store
+        .put_artifact(&digest, &bytes, unix_now_ms())
+        .await?;
+    Ok((
+        StatusCode::CREATED,
+        Json(ArtifactStored {
+            digest: digest.to_hex(),
+            size: bytes.len() as u64,
+            created,
+        }),
+    ))
+}
+
+fn parse_digest(text: &str) -> Result<Digest, ApiError> {
+    Digest::parse(text).map_err(|error| {
+        ApiError::new(
+            StatusCode::BAD_REQUEST,
+            "invalid_digest",
+            format!("{error}; use the digest POST /api/v1/artifacts returned"),
+        )
+    })
+}
+
+/// Serves a module's bytes (agents fetch modules here).
+#[utoipa::path(
+    get,
+    path = "/api/v1/artifacts/{digest}",
+    params(("digest" = String, Path, description = "sha256 of the module, 64 hex digits")),
+    responses(
+        (status = 200, description = "The module", content_type = "application/wasm", body = Vec<u8>),
+        (status = 400, description = "Not a digest", body = ApiError),
+        (status = 404, description = "No such artifact", body = ApiError)
+    )
+)]
+async fn get_artifact(
+    State(shared): State<Arc<Shared>>,
+    Path(digest): Path<String>,
+) -> Result<Response, ApiError> {
+    let digest = parse_digest(&digest)?;
+    match shared.store.artifact(&digest).await? {
+        Some(bytes) => Ok(([(header::CONTENT_TYPE, "application/wasm")], bytes).into_response()),
+        None => Err(ApiError::new(
+            StatusCode::NOT_FOUND,
+            "artifact_not_found",
+            format!("no artifact {digest}; upload it with POST /api/v1/artifacts (starling publish FILE.wasm)"),
+        )),
+    }
+}
+
+fn bad_request(error: &str, message: impl Into<String>) -> ApiError {
+    ApiError::new(StatusCode::BAD_REQUEST, error, message)
+}
+
+fn check_submission(submission: &SubmitTask) -> Result<(Vec<u8>, f64), ApiError> {
+    let input = match (&submission.input_base64, &submission.input_text) {
+        (Some(_), Some(_)) => {
+            return Err(bad_request(
+                "invalid_input",
+                "give input_base64 or input_text, not both",
+            ))
+        }
+        (Some(encoded), None) => base64::engine::general_purpose::STANDARD
+            .decode(encoded.trim())
+            .map_err(|error| {
+                bad_request(
+                    "invalid_input",
+                    format!("input_base64 is not valid base64: {error}"),
+                )
+            })?,
+        (None, Some(text)) => text.as_bytes().to_vec(),
+        (None, None) => Vec::new(),
+    };
+    if input.len() > MAX_INLINE_INPUT_BYTES {
+        return Err(ApiError::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "input_too_large",
+            format!(
+                "the input is {} bytes; tasks take at most {MAX_INLINE_INPUT_BYTES} bytes of inline input",
+                input.len()
+            ),
+        ));
+    }
+    if submission.args.len() > MAX_ARGS {
+        return Err(bad_request(
+            "invalid_args",
+            format!("at most {MAX_ARGS} arguments are allowed"),
+        ));
+    }
+    if let Some(arg) = submission.args.iter().find(|arg| arg.len() > ARG_LEN) {
+        return Err(bad_request(
+            "invalid_args",
+            format!(
+                "argument {:?}… is longer than {ARG_LEN} bytes",
+                arg.chars().take(20).collect::<String>()
+            ),
+        ));
+    }
+    let work_seconds = submission
+        .work_seconds
+        .unwrap_or(starling_placement::model::UNKNOWN_TASK_WORK_S);
+    if !work_seconds.is_finite() || work_seconds < 0.0 {
+        return Err(bad_request(
+            "invalid_work",
+            "work_seconds must be a non-negative number",
+        ));
+    }
+    let demand = &submission.demand;
+    if !demand.cpu_cores.is_finite()
+        || demand.cpu_cores <= 0.0
+        || !demand.io_mbps.is_finite()
+        || demand.io_mbps < 0.0
+    {
+        return Err(bad_request(
+            "invalid_demand",
+            "demand.cpu_cores must be positive and demand.io_mbps non-negative",
+        ));
+    }
+    if submission.limits.wall_ms == 0 || submission.limits.memory_bytes == 0 {
+        return Err(bad_request(
+            "invalid_limits",
+            "limits.wall_ms and limits.memory_bytes must be positive",
+        ));
+    }
+    Ok((input, work_seconds))
+}
+
+/// Submits a task: the module must be uploaded first.
+#[utoipa::path(
+    post,
+    path = "/api/v1/tasks",
+    request_body = SubmitTask,
+    responses(
+        (status = 201, description = "Accepted; the task is pending", body = TaskDetail),
+        (status = 400, description = "Invalid submission", body = ApiError),
+        (status = 401, description = "Missing or wrong API token", body = ApiError),
+        (status = 404, description = "Unknown artifact", body = ApiError),
+        (status = 413, description = "Input too large", body = ApiError),
+        (status = 422, description = "The JSON does not describe a task", body = ApiError)
+    )
+)]
+async fn submit_task(
+    State(shared): State<Arc<Shared>>,
+    body: Result<Json<SubmitTask>, JsonRejection>,
+) -> Result<(StatusCode, Json<TaskDetail>), ApiError> {
+    let Json(submission) = body.map_err(|rejection| {
+        ApiError::new(
+            rejection.status(),
+            "invalid_json",
+            format!(
+                "{}; see SubmitTask in GET /api/v1/openapi.json",
+                rejection.body_text()
+            ),
+        )
+    })?;
+    let artifact = parse_digest(&submission.artifact)?;
+    if shared.store.artifact_size(&artifact).await?.is_none() {
+        return Err(ApiError::new(
+            StatusCode::NOT_FOUND,
+            "artifact_not_found",
+            format!("no artifact {artifact}; upload the module first with POST /api/v1/artifacts (starling publish FILE.wasm)"),
+        ));
+    }
+    let (input, work_seconds) = check_submission(&submission)?;
+    let now_ms = unix_now_ms();
+    let task = NewTask {
+        id: uuid::Uuid::now_v7().to_string(),
+        artifact,
+        runtime: Runtime::Wasm,
+        input,
+        args: submission.args,
+        class: submission.class,
+        demand: submission.demand,
+        limits: submission.limits,
+        work_seconds,
+        priority: submission.priority,
+        deadline_unix_ms: submission.deadline_ms.map(|ms| now_ms.saturating_add(ms)),
+        created_ms: now_ms,
+    };
+    shared.store.insert_task(&task).await?;
+    shared.wake_scheduler.notify_one();
+    let detail = task_detail(&shared, &task.id).await?;
+    Ok((StatusCode::CREATED, Json(detail)))
+}
+
+fn task_summary(record: TaskRecord) -> TaskSummary {
+    TaskSummary {
+        id: record.spec.id,
+        state: record.status,
+        artifact: record.spec.artifact.to_hex(),
+        node_id: record.node_id,
+        attempt: record.attempt,
+        priority: record.spec.priority,
+        created_ms: record.spec.created_ms,
+        updated_ms: record.updated_ms,
+        reason: record.failure_reason,
+    }
+}
+
+/// Lists tasks, newest first.
+#[utoipa::path(
+    get,
+    path = "/api/v1/tasks",
+    params(TaskListQuery),
+    responses(
+        (status = 200, description = "Tasks, newest first", body = TaskList),
+        (status = 400, description = "Unknown state", body = ApiError)
+    )
+)]
+async fn list_tasks(
+    State(shared): State<Arc<Shared>>,
+    query: Result<Query<TaskListQuery>, axum::extract::rejection::QueryRejection>,
+) -> Result<Json<TaskList>, ApiError> {
+    let Query(query) =
+        query.map_err(|rejection| bad_request("invalid_query", rejection.body_text()))?;
+    let status = query
+        .state
+        .as_deref()
+        .map(str::parse::<TaskStatus>)
+        .transpose()
+        .map_err(|error| bad_request("invalid_state", error.to_string()))?;
+    let limit = query
+        .limit
+        .unwrap_or(DEFAULT_LIST_LIMIT)
+        .clamp(1, MAX_LIST_LIMIT);
+    let tasks = shared.store.list_tasks(status, limit).await?;
+    Ok(Json(TaskList {
+        tasks: tasks.into_iter().map(task_summary).collect(),
+    }))
+}
+
+fn task_not_found(id: &str) -> ApiError {
+    ApiError::new(
+        StatusCode::NOT_FOUND,
+        "task_not_found",
+        format!("no task {id:?}; list tasks with GET /api/v1/tasks (starling tasks)"),
+    )
+}
+
+async fn task_detail(shared: &Shared, id: &str) -> Result<TaskDetail, ApiError> {
+    let record = shared
+        .store
+        .task(id)
+        .await?
+        .ok_or_else(|| task_not_found(id))?;
+    let events = shared.store.events(id).await?;
+    let attempts = shared.store.attempts(id).await?;
+    let spec = record.spec;
+    Ok(TaskDetail {
+        output_base64: record
+            .output
+            .as_ref()
+            .map(|bytes| base64::engine::general_purpose::STANDARD.encode(bytes)),
+        output_text: record
+            .output
+            .as_ref()
+            .and_then(|bytes| String::from_utf8(bytes.clone()).ok()),
+        id: spec.id,
+        state: record.status,
+        artifact: spec.artifact.to_hex(),
+        runtime: spec.runtime.as_str().to_string(),
+        args: spec.args,
+        class: spec.class,
+        demand: spec.demand,
+        limits: spec.limits,
+        work_seconds: spec.work_seconds,
+        priority: spec.priority,
+        deadline_unix_ms: spec.deadline_unix_ms,
+        input_bytes: spec.input.len() as u64,
+        created_ms: spec.created_ms,
+        updated_ms: record.updated_ms,
+        node_id: record.node_id,
+        attempt: record.attempt,
+        power_level: record.power_level,
+        exit_code: record.exit_code,
+        reason: record.failure_reason,
+        message: record.failure_message,
+        cancel_requested: record.cancel_requested,
+        explanation: record.explanation,
+        attempts,
+        events,
+    })
+}
+
+/// Shows one task: state, node, attempt, output, failure, events and the placement explanation.
+#[utoipa::path(
+    get,
+    path = "/api/v1/tasks/{id}",
+    params(("id" = String, Path, description = "The task's id")),
+    responses(
+        (status = 200, description = "The task", body = TaskDetail),
+        (status = 404, description = "No such task", body = ApiError)
+    )
+)]
+async fn get_task(
+    State(shared): State<Arc<Shared>>,
+    Path(id): Path<String>,
+) -> Result<Json<TaskDetail>, ApiError> {
+    Ok(Json(task_detail(&shared, &id).await?))
+}
+
+/// Cancels a task: a pending one at once; a running one by sending its node a `Cancel`.
+#[utoipa::path(
+    post,
+    path = "/api/v1/tasks/{id}/cancel",
+    params(("id" = String, Path, description = "The task's id")),
+    responses(
+        (status = 200, description = "Cancelled (it was pending)", body = TaskDetail),
+        (status = 202, description = "Cancel sent to the node running it", body = TaskDetail),
+        (status = 401, description = "Missing or wrong API token", body = ApiError),
+        (status = 404, description = "No such task", body = ApiError),
+        (status = 409, description = "The task already ended", body = ApiError)
+    )
+)]
+async fn cancel_task(
+    State(shared): State<Arc<Shared>>,
+    Path(id): Path<String>,
+) -> Result<(StatusCode, Json<TaskDetail>), ApiError> {
+    let status = match shared.store.request_cancel(&id, unix_now_ms()).await? {
+        CancelOutcome::Cancelled => StatusCode::OK,
+        CancelOutcome::SendCancel { node_id, attempt } => {
+            send_cancel(&shared, &id, &node_id, attempt).await?;
+            StatusCode::ACCEPTED
+        }
+        CancelOutcome::AlreadyEnded(state) => {
+            return Err(ApiError::new(
+                StatusCode::CONFLICT,
+                "task_ended",
+                format!("task {id} already ended ({state}); nothing to cancel"),
+            ))
+        }
+        CancelOutcome::NotFound => return Err(task_not_found(&id)),
+    };
+    Ok((status, Json(task_detail(&shared, &id).await?)))
+}
+
+async fn send_cancel(
+    shared: &Shared,
+    task_id: &str,
+    node_id: &str,
+    attempt: u32,
+) -> Result<(), ApiError> {
+    let node = NodeId::new(node_id).map_err(ApiError::internal)?;
+    let cancel = Cancel {
+        v: PROTOCOL_VERSION,
+        task_id: TaskId::new(task_id).map_err(ApiError::internal)?,
+        attempt,
+    };
+    let bytes = encode(&cancel).map_err(ApiError::internal)?;
+    shared
+        .mqtt
+        .publish(
+            shared.topics.node(&node, Channel::Cancel),
+            QoS::AtLeastOnce,
+            false,
+            bytes,
+        )
+        .await
+        .map_err(ApiError::internal)
+}
+
+/// This document.
+#[utoipa::path(
+    get,
+    path = "/api/v1/openapi.json",
+    responses((status = 200, description = "The OpenAPI document of this API", content_type = "application/json"))
+)]
+async fn openapi_document() -> Response {
+    ([(header::CONTENT_TYPE, "application/json")], openapi_json()).into_response()
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn token_comparison() {
+        assert!(same_token(b"secret", b"secret"));
+        assert!(!same_token(b"secreT", b"secret"));
+        assert!(!same_token(b"secret!", b"secret"));
+    }
+
+    #[test]
+    fn wasm_validation_explains() {
+        assert!(validate_wasm(b"\0asm\x01\0\0\0").is_ok());
+        assert!(validate_wasm(b"hello").unwrap_err().contains("\\0asm"));
+        assert!(validate_wasm(b"\0asm\x01\0\0\0\x01")
+            .unwrap_err()
+            .contains("invalid"));
+    }
+}

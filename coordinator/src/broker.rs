@@ -1,0 +1,215 @@
+//! The MQTT broker side: the embedded rumqttd broker the coordinator starts by
+//! default, and parsing of `mqtt://host:port` URLs for an external broker.
+
+use std::collections::HashMap;
+use std::net::{SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
+use std::time::{Duration, Instant};
+
+use rumqttd::{Broker, Config, ConnectionSettings, RouterConfig, ServerSettings};
+
+/// Headroom over [`starling_proto::limits::MAX_MESSAGE_BYTES`] for the MQTT
+/// packet's own header and topic name.
+pub const PACKET_HEADROOM_BYTES: usize = 64 * 1024;
+
+/// The largest MQTT packet the broker and the coordinator's client accept.
+pub const MAX_PACKET_BYTES: usize =
+    starling_proto::limits::MAX_MESSAGE_BYTES + PACKET_HEADROOM_BYTES;
+
+/// How long the embedded broker may take to accept its first connection.
+const BROKER_START_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Why the embedded broker could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum StartBrokerError {
+    /// The MQTT listen address is taken or not ours to bind.
+    #[error("cannot listen for MQTT on {addr}: {source}; pass --mqtt-listen with a free port (port 0 picks one)")]
+    Bind {
+        /// The address asked for.
+        addr: SocketAddr,
+        /// The OS error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The broker's thread could not be started.
+    #[error("cannot start the embedded MQTT broker: {0}")]
+    Thread(#[source] std::io::Error),
+    /// The broker did not accept connections in time.
+    #[error("the embedded MQTT broker on {addr} did not accept connections within {timeout:?}; pass --mqtt-listen with another port")]
+    NotReady {
+        /// The address it should listen on.
+        addr: SocketAddr,
+        /// How long we waited.
+        timeout: Duration,
+    },
+}
+
+/// Why a broker URL was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum BrokerUrlError {
+    /// The URL does not start with `mqtt://` or `tcp://`.
+    #[error("broker URL {0:?} must look like mqtt://HOST:PORT")]
+    Scheme(String),
+    /// The port is not a number.
+    #[error("broker URL {0:?} has an invalid port; use mqtt://HOST:PORT")]
+    Port(String),
+    /// No host.
+    #[error("broker URL {0:?} has no host; use mqtt://HOST:PORT")]
+    Host(String),
+}
+
+/// Where an MQTT broker listens.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BrokerAddress {
+    /// Host name or IP.
+    pub host: String,
+    /// TCP port.
+    pub port: u16,
+}
+
+impl BrokerAddress {
+    /// Parses `mqtt://host[:port]` (port 1883 by default; `tcp://` also accepted).
+    pub fn parse(url: &str) -> Result<Self, BrokerUrlError> {
+        let rest = url
+            .strip_prefix("mqtt://")
+            .or_else(|| url.strip_prefix("tcp://"))
+            .ok_or_else(|| BrokerUrlError::Scheme(url.to_string()))?;
+        let rest = rest.trim_end_matches('/');
+        let (host, port) = match rest.rsplit_once(':') {
+            // An IPv6 literal without a port ends with `]`.
+            Some((host, port)) if !port.ends_with(']') => (
+                host,
+                port.parse::<u16>()
+                    .map_err(|_| BrokerUrlError::Port(url.to_string()))?,
+            ),
+            _ => (rest, 1883),
+        };
+        let host = host.trim_start_matches('[').trim_end_matches(']');
+        if host.is_empty() {
+            return Err(BrokerUrlError::Host(url.to_string()));
+        }
+        Ok(Self {
+            host: host.to_string(),
+            port,
+        })
+    }
+
+    /// The address as an `mqtt://` URL.
+    pub fn url(&self) -> String {
+        if self.host.contains(':') {
+            format!("mqtt://[{}]:{}", self.host, self.port)
+        } else {
+            format!("mqtt://{}:{}", self.host, self.port)
+        }
+    }
+}
+
+/// Starts rumqttd on `listen` in its own threads and returns the address it
+/// listens on once it accepts TCP connections.
+///
+/// rumqttd binds its listener itself and offers no way to stop it, so the
+/// broker lives until the process exits.
+pub fn start_embedded_broker(listen: SocketAddr) -> Result<SocketAddr, StartBrokerError> {
+    // rumqttd cannot report the port it bound, and it logs a bind failure from
+    // its own thread instead of returning it. So we bind here first: that
+    // reports "address in use" to the caller and, for port 0, picks a free
+    // port. We then release the port and hand it to rumqttd. Between the
+    // release and rumqttd's bind another process could take the port; the
+    // readiness check below then times out with a clear error.
+    let probe = TcpListener::bind(listen).map_err(|source| StartBrokerError::Bind {
+        addr: listen,
+        source,
+    })?;
+    let addr = probe
+        .local_addr()
+        .map_err(|source| StartBrokerError::Bind {
+            addr: listen,
+            source,
+        })?;
+    drop(probe);
+
+    let server = ServerSettings {
+        name: "starling-v4".to_string(),
+        listen: addr,
+        tls: None,
+        next_connection_delay_ms: 1,
+        connections: ConnectionSettings {
+            connection_timeout_ms: 60_000,
+            max_payload_size: MAX_PACKET_BYTES,
+            max_inflight_count: 100,
+            auth: None,
+            external_auth: None,
+            dynamic_filters: true,
+        },
+    };
+    let config = Config {
+        id: 0,
+        router: RouterConfig {
+            max_connections: 10_000,
+            max_outgoing_packet_count: 200,
+            // A segment must hold at least one message of the largest size.
+            max_segment_size: 4 * MAX_PACKET_BYTES,
+            max_segment_count: 10,
+            ..RouterConfig::default()
+        },
+        v4: Some(HashMap::from([("1".to_string(), server)])),
+        ..Config::default()
+    };
+    let mut broker = Broker::new(config);
+    std::thread::Builder::new()
+        .name("mqtt-broker".to_string())
+        .spawn(move || {
+            if let Err(error) = broker.start() {
+                tracing::error!(%error, "embedded MQTT broker stopped");
+            }
+        })
+        .map_err(StartBrokerError::Thread)?;
+
+    let deadline = Instant::now() + BROKER_START_TIMEOUT;
+    let connect_to = if addr.ip().is_unspecified() {
+        SocketAddr::from(([127, 0, 0, 1], addr.port()))
+    } else {
+        addr
+    };
+    while Instant::now() < deadline {
+        if TcpStream::connect_timeout(&connect_to, Duration::from_millis(200)).is_ok() {
+            return Ok(addr);
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    Err(StartBrokerError::NotReady {
+        addr,
+        timeout: BROKER_START_TIMEOUT,
+    })
+}
+
+/// Resolves a broker address to socket addresses (for reachability errors).
+pub fn resolve(address: &BrokerAddress) -> std::io::Result<Vec<SocketAddr>> {
+    (address.host.as_str(), address.port)
+        .to_socket_addrs()
+        .map(Iterator::collect)
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn broker_urls_parse() {
+        assert_eq!(
+            BrokerAddress::parse("mqtt://127.0.0.1:1884").unwrap(),
+            BrokerAddress {
+                host: "127.0.0.1".into(),
+                port: 1884
+            }
+        );
+        assert_eq!(BrokerAddress::parse("mqtt://broker").unwrap().port, 1883);
+        assert_eq!(
+            BrokerAddress::parse("mqtt://[::1]:1990").unwrap().host,
+            "::1"
+        );
+        assert!(BrokerAddress::parse("http://x:1").is_err());
+        assert!(BrokerAddress::parse("mqtt://x:notaport").is_err());
+        assert!(BrokerAddress::parse("mqtt://:1883").is_err());
+    }
+}

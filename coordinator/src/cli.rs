@@ -1,0 +1,514 @@
+//! The `starling` command line: publish modules, run tasks, watch nodes and
+//! tasks, over the coordinator's REST API.
+
+use std::io::{IsTerminal, Read, Write};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use base64::Engine as _;
+use clap::{Parser, Subcommand};
+use indicatif::{ProgressBar, ProgressStyle};
+
+use crate::api::{NodeSummary, SubmitTask, TaskDetail, TaskSummary};
+use crate::client::{Client, ClientError};
+use crate::manifest::{parse_duration, parse_size, Manifest};
+use crate::task::{TaskKind, TaskLimits, TaskStatus};
+
+/// Exit status: success.
+pub const EXIT_OK: i32 = 0;
+/// Exit status: the task failed (or was cancelled), or the coordinator failed.
+pub const EXIT_TASK_FAILED: i32 = 1;
+/// Exit status: bad usage or a request the coordinator refused.
+pub const EXIT_USAGE: i32 = 2;
+/// Exit status: the coordinator could not be reached.
+pub const EXIT_UNREACHABLE: i32 = 3;
+
+/// How often `run --wait` asks for the task's state.
+const POLL_INTERVAL: Duration = Duration::from_millis(200);
+
+const EXAMPLES: &str = "\
+Examples:
+  starling nodes                                  list the nodes the coordinator knows
+  starling publish primes.wasm                    upload a module; prints its digest
+  starling run primes.wasm --arg 100000 --wait    upload, submit, wait, print the output
+  echo hello | starling run echo.wasm --input - --wait
+  starling run 9f86d0…0a08 --deadline 5s          submit an already published module by digest
+  starling tasks --state failed                   recent failed tasks
+  starling task 0190c3e4-…                        one task: state, node, output, why it went there
+  starling cancel 0190c3e4-…
+
+A task.toml beside the module (or tasks/NAME/task.toml above it) sets the task's
+class, demand, work estimate and default deadline.
+
+Exit status: 0 ok, 1 task failed or cancelled, 2 usage or request refused,
+3 coordinator unreachable.";
+
+/// Starling's command line client.
+#[derive(Debug, Parser)]
+#[command(
+    name = "starling",
+    version,
+    about = "Run WebAssembly tasks on a Starling edge fleet",
+    after_help = EXAMPLES
+)]
+pub struct Cli {
+    /// The coordinator's URL.
+    #[arg(
+        long,
+        global = true,
+        env = "STARLING_URL",
+        default_value = "http://127.0.0.1:7878",
+        value_name = "URL"
+    )]
+    pub coordinator: String,
+    /// API token for coordinators that require one.
+    #[arg(
+        long,
+        global = true,
+        env = "STARLING_API_TOKEN",
+        hide_env_values = true,
+        value_name = "TOKEN"
+    )]
+    pub token: Option<String>,
+    /// Print JSON instead of text.
+    #[arg(long, global = true)]
+    pub json: bool,
+    /// What to do.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// The subcommands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// List nodes: id, online, architecture, cores, memory, load.
+    Nodes,
+    /// Show one node: capability, latest telemetry and status.
+    Node {
+        /// The node's id.
+        id: String,
+    },
+    /// Upload a WebAssembly module; prints its digest.
+    Publish {
+        /// The .wasm file.
+        file: PathBuf,
+    },
+    /// Submit a task (uploading the module first when given a file).
+    Run(RunArgs),
+    /// List recent tasks, newest first.
+    Tasks {
+        /// Only tasks in this state (pending, assigned, running, succeeded, failed, cancelled).
+        #[arg(long)]
+        state: Option<String>,
+        /// How many.
+        #[arg(long, default_value_t = 50)]
+        limit: u32,
+    },
+    /// Show one task: state, node, attempts, output, failure and placement explanation.
+    Task {
+        /// The task's id.
+        id: String,
+    },
+    /// Cancel a task.
+    Cancel {
+        /// The task's id.
+        id: String,
+    },
+}
+
+/// Arguments of `starling run`.
+#[derive(Debug, clap::Args)]
+pub struct RunArgs {
+    /// A .wasm file, or the digest of a published module.
+    pub target: String,
+    /// File whose bytes go to the task's stdin (`-` reads this command's stdin).
+    #[arg(long, value_name = "FILE|-")]
+    pub input: Option<String>,
+    /// An argument for the task (repeat for more).
+    #[arg(long = "arg", value_name = "ARG", allow_hyphen_values = true)]
+    pub args: Vec<String>,
+    /// Deadline from now (e.g. 500ms, 10s, 2m) [default: the manifest's, else none].
+    #[arg(long, value_name = "DUR")]
+    pub deadline: Option<String>,
+    /// Priority, 0..=255, higher first.
+    #[arg(long, default_value_t = 0)]
+    pub priority: u8,
+    /// Wall-clock limit per attempt (e.g. 10s).
+    #[arg(long, value_name = "DUR")]
+    pub timeout: Option<String>,
+    /// Memory limit per attempt (e.g. 64MiB).
+    #[arg(long, value_name = "SIZE")]
+    pub memory: Option<String>,
+    /// Output limit per attempt (e.g. 256KiB).
+    #[arg(long, value_name = "SIZE")]
+    pub max_output: Option<String>,
+    /// Task class (cpu, gpu, io) [default: the manifest's, else cpu].
+    #[arg(long)]
+    pub class: Option<String>,
+    /// Manifest to use instead of looking beside the module.
+    #[arg(long, value_name = "FILE")]
+    pub manifest: Option<PathBuf>,
+    /// Wait for the task to end and print its output.
+    #[arg(long)]
+    pub wait: bool,
+}
+
+/// A CLI failure with the exit status it maps to.
+#[derive(Debug, thiserror::Error)]
+pub enum CliError {
+    /// Bad arguments or local input.
+    #[error("{0}")]
+    Usage(String),
+    /// The coordinator failed a call.
+    #[error(transparent)]
+    Client(#[from] ClientError),
+}
+
+impl CliError {
+    /// The exit status for this error.
+    pub fn exit_code(&self) -> i32 {
+        match self {
+            CliError::Usage(_) => EXIT_USAGE,
+            CliError::Client(ClientError::Unreachable { .. }) => EXIT_UNREACHABLE,
+            CliError::Client(ClientError::Api { status, .. }) if *status < 500 => EXIT_USAGE,
+            CliError::Client(_) => EXIT_TASK_FAILED,
+        }
+    }
+}
+
+fn print_json<T: serde::Serialize>(value: &T) -> Result<(), CliError> {
+    let text = serde_json::to_string_pretty(value)
+        .map_err(|error| CliError::Usage(format!("cannot print JSON: {error}")))?;
+    println!("{text}");
+    Ok(())
+}
+
+/// Runs the CLI and returns the process's exit status.
+pub async fn run(cli: Cli) -> i32 {
+    let client = Client::new(&cli.coordinator, cli.token.clone());
+    match dispatch(&cli, &client).await {
+        Ok(code) => code,
+        Err(error) => {
+            eprintln!("starling: {error}");
+            error.exit_code()
+        }
+    }
+}
+
+async fn dispatch(cli: &Cli, client: &Client) -> Result<i32, CliError> {
+    match &cli.command {
+        Command::Nodes => {
+            let nodes = client.nodes().await?.nodes;
+            if cli.json {
+                print_json(&nodes)?;
+            } else {
+                print_nodes(&nodes);
+            }
+            Ok(EXIT_OK)
+        }
+        Command::Node { id } => {
+            let node = client.node(id).await?;
+            print_json(&node)?;
+            Ok(EXIT_OK)
+        }
+        Command::Publish { file } => {
+            let stored = publish(client, file).await?;
+            if cli.json {
+                print_json(&stored)?;
+            } else {
+                println!("{}", stored.digest);
+            }
+            Ok(EXIT_OK)
+        }
+        Command::Run(args) => run_task(cli, client, args).await,
+        Command::Tasks { state, limit } => {
+            let tasks = client.tasks(state.as_deref(), *limit).await?.tasks;
+            if cli.json {
+                print_json(&tasks)?;
+            } else {
+                print_tasks(&tasks);
+            }
+            Ok(EXIT_OK)
+        }
+        Command::Task { id } => {
+            let task = client.task(id).await?;
+            if cli.json {
+                print_json(&task)?;
+            } else {
+                print_task(&task);
+            }
+            Ok(EXIT_OK)
+        }
+        Command::Cancel { id } => {
+            let task = client.cancel(id).await?;
+            if cli.json {
+                print_json(&task)?;
+            } else if task.state == TaskStatus::Cancelled {
+                println!("{} cancelled", task.id);
+            } else {
+                println!(
+                    "{} cancel sent to node {}",
+                    task.id,
+                    task.node_id.as_deref().unwrap_or("?")
+                );
+            }
+            Ok(EXIT_OK)
+        }
+    }
+}
+
+async fn publish(client: &Client, file: &Path) -> Result<crate::api::ArtifactStored, CliError> {
+    let bytes = std::fs::read(file)
+        .map_err(|error| CliError::Usage(format!("cannot read {}: {error}", file.display())))?;
+    Ok(client.publish(bytes).await?)
+}
+
+fn read_input(source: &str) -> Result<Vec<u8>, CliError> {
+    if source == "-" {
+        let mut bytes = Vec::new();
+        std::io::stdin()
+            .read_to_end(&mut bytes)
+            .map_err(|error| CliError::Usage(format!("cannot read stdin: {error}")))?;
+        Ok(bytes)
+    } else {
+        std::fs::read(source)
+            .map_err(|error| CliError::Usage(format!("cannot read input {source}: {error}")))
+    }
+}
+
+fn usage<T>(result: Result<T, String>, what: &str) -> Result<T, CliError> {
+    result.map_err(|error| CliError::Usage(format!("{what}: {error}")))
+}
+
+fn looks_like_digest(text: &str) -> bool {
+    let hex = text.strip_prefix("sha256:").unwrap_or(text);
+    hex.len() == 64 && hex.chars().all(|c| c.is_ascii_hexdigit())
+}
+
+async fn run_task(cli: &Cli, client: &Client, args: &RunArgs) -> Result<i32, CliError> {
+    let target = Path::new(&args.target);
+    let (digest, manifest_path) = if target.is_file() {
+        let stored = publish(client, target).await?;
+        let manifest = match &args.manifest {
+            Some(path) => Some(path.clone()),
+            None => Manifest::find_for(target),
+        };
+        (stored.digest, manifest)
+    } else if looks_like_digest(&args.target) {
+        (args.target.clone(), args.manifest.clone())
+    } else {
+        return Err(CliError::Usage(format!(
+            "{} is neither a file nor a digest; give a .wasm file or the digest `starling publish` printed",
+            args.target
+        )));
+    };
+    let manifest = match &manifest_path {
+        Some(path) => {
+            Some(Manifest::load(path).map_err(|error| CliError::Usage(error.to_string()))?)
+        }
+        None => None,
+    };
+    if let (Some(path), false) = (&manifest_path, cli.json) {
+        eprintln!("starling: using manifest {}", path.display());
+    }
+
+    let mut limits = TaskLimits::default();
+    if let Some(timeout) = &args.timeout {
+        limits.wall_ms = u64::try_from(usage(parse_duration(timeout), "--timeout")?.as_millis())
+            .unwrap_or(u64::MAX);
+    }
+    if let Some(memory) = &args.memory {
+        limits.memory_bytes = usage(parse_size(memory), "--memory")?;
+    }
+    if let Some(output) = &args.max_output {
+        limits.output_bytes = usage(parse_size(output), "--max-output")?;
+    }
+    let deadline = match &args.deadline {
+        Some(text) => Some(usage(parse_duration(text), "--deadline")?),
+        None => manifest.as_ref().and_then(Manifest::deadline),
+    };
+    let class = match &args.class {
+        Some(text) => text
+            .parse::<TaskKind>()
+            .map_err(|error| CliError::Usage(error.to_string()))?,
+        None => manifest.as_ref().map(|m| m.class).unwrap_or_default(),
+    };
+    let input = match &args.input {
+        Some(source) => read_input(source)?,
+        None => Vec::new(),
+    };
+    let submission = SubmitTask {
+        artifact: digest,
+        input_base64: (!input.is_empty())
+            .then(|| base64::engine::general_purpose::STANDARD.encode(&input)),
+        input_text: None,
+        args: args.args.clone(),
+        deadline_ms: deadline.map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX)),
+        priority: args.priority,
+        class,
+        demand: manifest.as_ref().map(|m| m.demand).unwrap_or_default(),
+        limits,
+        work_seconds: manifest.as_ref().and_then(|m| m.work_seconds),
+    };
+    let task = client.submit(&submission).await?;
+    if !args.wait {
+        if cli.json {
+            print_json(&task)?;
+        } else {
+            println!("{}", task.id);
+        }
+        return Ok(EXIT_OK);
+    }
+    let task = wait_for_end(client, &task.id, cli.json).await?;
+    if cli.json {
+        print_json(&task)?;
+    }
+    match task.state {
+        TaskStatus::Succeeded => {
+            if !cli.json {
+                let output = task
+                    .output_base64
+                    .as_deref()
+                    .map(|encoded| base64::engine::general_purpose::STANDARD.decode(encoded))
+                    .transpose()
+                    .map_err(|error| {
+                        CliError::Usage(format!("the coordinator sent bad base64: {error}"))
+                    })?
+                    .unwrap_or_default();
+                let mut stdout = std::io::stdout().lock();
+                stdout
+                    .write_all(&output)
+                    .and_then(|()| stdout.flush())
+                    .map_err(|error| CliError::Usage(format!("cannot write output: {error}")))?;
+            }
+            Ok(EXIT_OK)
+        }
+        state => {
+            eprintln!(
+                "starling: task {} {state}: {}{}",
+                task.id,
+                task.reason.as_deref().unwrap_or("no reason given"),
+                task.message
+                    .as_deref()
+                    .map(|message| format!(" ({message})"))
+                    .unwrap_or_default()
+            );
+            Ok(EXIT_TASK_FAILED)
+        }
+    }
+}
+
+async fn wait_for_end(client: &Client, id: &str, json: bool) -> Result<TaskDetail, CliError> {
+    let spinner = if json || !std::io::stderr().is_terminal() {
+        ProgressBar::hidden()
+    } else {
+        let spinner = ProgressBar::new_spinner();
+        if let Ok(style) = ProgressStyle::with_template("{spinner} {msg} ({elapsed})") {
+            spinner.set_style(style);
+        }
+        spinner.enable_steady_tick(Duration::from_millis(100));
+        spinner
+    };
+    let started = Instant::now();
+    loop {
+        let task = client.task(id).await?;
+        spinner.set_message(format!(
+            "task {} {}{}",
+            task.id,
+            task.state,
+            task.node_id
+                .as_deref()
+                .map(|node| format!(" on {node}"))
+                .unwrap_or_default()
+        ));
+        if task.state.is_terminal() {
+            spinner.finish_and_clear();
+            tracing::debug!(elapsed = ?started.elapsed(), "task ended");
+            return Ok(task);
+        }
+        tokio::time::sleep(POLL_INTERVAL).await;
+    }
+}
+
+fn print_nodes(nodes: &[NodeSummary]) {
+    if nodes.is_empty() {
+        println!(
+            "no nodes yet; start an agent with `starling-agent run --broker mqtt://HOST:PORT`"
+        );
+        return;
+    }
+    println!(
+        "{:<24} {:<8} {:<8} {:>5} {:>9} {:>5} {:>6}",
+        "NODE", "STATE", "ARCH", "CORES", "MEMORY", "GPUS", "LOAD"
+    );
+    for node in nodes {
+        println!(
+            "{:<24} {:<8} {:<8} {:>5} {:>8}M {:>5} {:>6}",
+            node.id,
+            if node.online { "online" } else { "offline" },
+            node.arch,
+            node.cores,
+            node.memory_bytes / (1024 * 1024),
+            node.gpus,
+            node.cpu_load
+                .map(|load| format!("{:.0}%", load * 100.0))
+                .unwrap_or_else(|| "-".to_string())
+        );
+    }
+}
+
+fn print_tasks(tasks: &[TaskSummary]) {
+    if tasks.is_empty() {
+        println!("no tasks");
+        return;
+    }
+    println!(
+        "{:<38} {:<10} {:<20} {:>7}",
+        "TASK", "STATE", "NODE", "ATTEMPT"
+    );
+    for task in tasks {
+        println!(
+            "{:<38} {:<10} {:<20} {:>7}",
+            task.id,
+            task.state,
+            task.node_id.as_deref().unwrap_or("-"),
+            task.attempt
+        );
+    }
+}
+
+fn print_task(task: &TaskDetail) {
+    println!("task      {}", task.id);
+    println!("state     {}", task.state);
+    println!("artifact  {}", task.artifact);
+    println!("node      {}", task.node_id.as_deref().unwrap_or("-"));
+    println!("attempt   {}", task.attempt);
+    if let Some(level) = task.power_level {
+        println!("power     level {level}");
+    }
+    if let Some(reason) = &task.reason {
+        println!(
+            "failure   {reason}{}",
+            task.message
+                .as_deref()
+                .map(|m| format!(": {m}"))
+                .unwrap_or_default()
+        );
+    }
+    if let Some(explanation) = &task.explanation {
+        if let Some(summary) = explanation.get("summary").and_then(|s| s.as_str()) {
+            println!("placement {summary}");
+        }
+    }
+    for event in &task.events {
+        println!(
+            "event     attempt {} {} from {}",
+            event.attempt, event.state, event.node_id
+        );
+    }
+    match (&task.output_text, &task.output_base64) {
+        (Some(text), _) => println!("output\n{text}"),
+        (None, Some(encoded)) => println!("output (base64) {encoded}"),
+        (None, None) => {}
+    }
+}

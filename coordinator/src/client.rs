@@ -1,0 +1,201 @@
+//! A small typed client of the coordinator's REST API, used by the `starling`
+//! CLI (and usable by tests and tools).
+
+use reqwest::StatusCode;
+use serde::de::DeserializeOwned;
+
+use crate::api::{
+    ApiError, ArtifactStored, Health, NodeDetail, NodeList, SubmitTask, TaskDetail, TaskList,
+};
+
+/// Why a call failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    /// The coordinator could not be reached at all.
+    #[error("cannot reach the coordinator at {url}: {detail}; start it (starling-coordinator serve) or pass --coordinator URL / STARLING_URL")]
+    Unreachable {
+        /// The base URL.
+        url: String,
+        /// What went wrong.
+        detail: String,
+    },
+    /// The coordinator answered with an error.
+    #[error("{message} ({status}, {code})")]
+    Api {
+        /// HTTP status.
+        status: u16,
+        /// The error code.
+        code: String,
+        /// The coordinator's message.
+        message: String,
+    },
+    /// The answer was not what this client expects.
+    #[error("unexpected answer from the coordinator at {url}: {detail}")]
+    Protocol {
+        /// The URL called.
+        url: String,
+        /// What was wrong.
+        detail: String,
+    },
+}
+
+/// A REST client bound to one coordinator.
+#[derive(Debug, Clone)]
+pub struct Client {
+    base: String,
+    token: Option<String>,
+    http: reqwest::Client,
+}
+
+fn describe(error: &reqwest::Error) -> String {
+    use std::error::Error as _;
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
+}
+
+impl Client {
+    /// A client of the coordinator at `base` (`http://host:port`), sending
+    /// `token` as a bearer token when given.
+    pub fn new(base: &str, token: Option<String>) -> Client {
+        Client {
+            base: base.trim_end_matches('/').to_string(),
+            token: token.filter(|token| !token.is_empty()),
+            http: reqwest::Client::new(),
+        }
+    }
+
+    /// The coordinator's base URL.
+    pub fn base(&self) -> &str {
+        &self.base
+    }
+
+    fn url(&self, path: &str) -> String {
+        format!("{}/api/v1{path}", self.base)
+    }
+
+    async fn send<T: DeserializeOwned>(
+        &self,
+        request: reqwest::RequestBuilder,
+        url: &str,
+    ) -> Result<T, ClientError> {
+        let request = match &self.token {
+            Some(token) => request.bearer_auth(token),
+            None => request,
+        };
+        let response = request.send().await.map_err(|error| {
+            if error.is_connect() || error.is_timeout() || error.is_request() {
+                ClientError::Unreachable {
+                    url: self.base.clone(),
+                    detail: describe(&error),
+                }
+            } else {
+                ClientError::Protocol {
+                    url: url.to_string(),
+                    detail: describe(&error),
+                }
+            }
+        })?;
+        let status = response.status();
+        let body = response
+            .bytes()
+            .await
+            .map_err(|error| ClientError::Protocol {
+                url: url.to_string(),
+                detail: describe(&error),
+            })?;
+        if !status.is_success() {
+            return Err(match serde_json::from_slice::<ApiError>(&body) {
+                Ok(error) => ClientError::Api {
+                    status: status.as_u16(),
+                    code: error.error,
+                    message: error.message,
+                },
+                Err(_) => ClientError::Api {
+                    status: status.as_u16(),
+                    code: status
+                        .canonical_reason()
+                        .unwrap_or("error")
+                        .to_ascii_lowercase(),
+                    message: String::from_utf8_lossy(&body).trim().to_string(),
+                },
+            });
+        }
+        serde_json::from_slice(&body).map_err(|error| ClientError::Protocol {
+            url: url.to_string(),
+            detail: error.to_string(),
+        })
+    }
+
+    /// `GET /health`.
+    pub async fn health(&self) -> Result<Health, ClientError> {
+        let url = self.url("/health");
+        self.send(self.http.get(&url), &url).await
+    }
+
+    /// `GET /nodes`.
+    pub async fn nodes(&self) -> Result<NodeList, ClientError> {
+        let url = self.url("/nodes");
+        self.send(self.http.get(&url), &url).await
+    }
+
+    /// `GET /nodes/{id}`.
+    pub async fn node(&self, id: &str) -> Result<NodeDetail, ClientError> {
+        let url = self.url(&format!("/nodes/{id}"));
+        self.send(self.http.get(&url), &url).await
+    }
+
+    /// `POST /artifacts` with a module's bytes.
+    pub async fn publish(&self, module: Vec<u8>) -> Result<ArtifactStored, ClientError> {
+        let url = self.url("/artifacts");
+        let request = self
+            .http
+            .post(&url)
+            .header(reqwest::header::CONTENT_TYPE, "application/wasm")
+            .body(module);
+        self.send(request, &url).await
+    }
+
+    /// `POST /tasks`.
+    pub async fn submit(&self, task: &SubmitTask) -> Result<TaskDetail, ClientError> {
+        let url = self.url("/tasks");
+        self.send(self.http.post(&url).json(task), &url).await
+    }
+
+    /// `GET /tasks`, optionally filtered by state.
+    pub async fn tasks(&self, state: Option<&str>, limit: u32) -> Result<TaskList, ClientError> {
+        let url = self.url("/tasks");
+        let mut query = vec![("limit", limit.to_string())];
+        if let Some(state) = state {
+            query.push(("state", state.to_string()));
+        }
+        self.send(self.http.get(&url).query(&query), &url).await
+    }
+
+    /// `GET /tasks/{id}`.
+    pub async fn task(&self, id: &str) -> Result<TaskDetail, ClientError> {
+        let url = self.url(&format!("/tasks/{id}"));
+        self.send(self.http.get(&url), &url).await
+    }
+
+    /// `POST /tasks/{id}/cancel`.
+    pub async fn cancel(&self, id: &str) -> Result<TaskDetail, ClientError> {
+        let url = self.url(&format!("/tasks/{id}/cancel"));
+        self.send(self.http.post(&url), &url).await
+    }
+}
+
+impl ClientError {
+    /// The HTTP status of an API error.
+    pub fn status(&self) -> Option<StatusCode> {
+        match self {
+            ClientError::Api { status, .. } => StatusCode::from_u16(*status).ok(),
+            _ => None,
+        }
+    }
+}

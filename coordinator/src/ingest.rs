@@ -1,0 +1,283 @@
+//! MQTT ingest: the loop that keeps the coordinator's broker session alive and
+//! the handler that turns capability, telemetry, status and event messages into
+//! registry and store changes. Bad input costs a warning and changes nothing.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use rumqttc::{Event, EventLoop, Packet, QoS, SubscribeFilter};
+use starling_proto::{
+    decode, Capability, Channel, DecodeError, NodeId, Status, TaskEvent, Telemetry,
+};
+use tokio::sync::{mpsc, watch};
+
+use crate::registry::{RegistryChange, RegistryError};
+use crate::store::{EventOutcome, StoreError};
+use crate::task::{unix_now_ms, TaskStatus};
+use crate::Shared;
+
+/// The channels the coordinator consumes.
+pub const CONSUMED_CHANNELS: [Channel; 4] = [
+    Channel::Capability,
+    Channel::Telemetry,
+    Channel::Status,
+    Channel::Events,
+];
+
+/// A message received from the broker, waiting for the handler.
+#[derive(Debug, Clone)]
+pub struct Received {
+    /// Its topic.
+    pub topic: String,
+    /// Its payload.
+    pub payload: Vec<u8>,
+}
+
+/// Why a message was ignored. Nothing changed when one of these is returned.
+#[derive(Debug, thiserror::Error)]
+pub enum IngestError {
+    /// The topic is not `{prefix}/nodes/{node}/{channel}`.
+    #[error("topic {0:?} is not a Starling node topic under this coordinator's prefix")]
+    ForeignTopic(String),
+    /// A channel the coordinator publishes but does not consume.
+    #[error("message on {topic:?}: the coordinator does not consume the {channel} channel")]
+    UnexpectedChannel {
+        /// The topic.
+        topic: String,
+        /// The channel.
+        channel: &'static str,
+    },
+    /// The payload does not decode as the channel's message.
+    #[error("cannot decode the {channel} message from node {node}: {source}")]
+    Decode {
+        /// The node in the topic.
+        node: String,
+        /// The channel.
+        channel: &'static str,
+        /// The codec's error.
+        #[source]
+        source: DecodeError,
+    },
+    /// The registry refused the report.
+    #[error(transparent)]
+    Registry(#[from] RegistryError),
+    /// An event names a task this coordinator does not know.
+    #[error("event {state:?} for unknown task {task_id} from node {node}")]
+    UnknownTask {
+        /// The task id in the event.
+        task_id: String,
+        /// The sender.
+        node: String,
+        /// The event's state.
+        state: starling_proto::TaskState,
+    },
+    /// An event's payload names another node than its topic.
+    #[error("event on the topic of node {topic_node} claims to come from node {payload_node}")]
+    EventNodeMismatch {
+        /// The node in the topic.
+        topic_node: String,
+        /// The node in the payload.
+        payload_node: String,
+    },
+    /// The store failed.
+    #[error("cannot record the message: {0}")]
+    Store(#[from] StoreError),
+}
+
+/// What handling a message did, for logs and tests.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Handled {
+    /// The registry changed (or knowingly did not).
+    Registry(RegistryChange),
+    /// A task event was recorded (or recognised as a duplicate).
+    Event(EventOutcome),
+    /// An empty retained message (a cleared topic) was skipped.
+    Cleared,
+}
+
+/// Subscribes to every node's capability, telemetry, status and events.
+/// Uses the non-blocking request path: it runs on the task that drives the
+/// event loop, which must not wait on its own request queue.
+pub(crate) fn subscribe(shared: &Shared) {
+    let filters = CONSUMED_CHANNELS
+        .into_iter()
+        .map(|channel| SubscribeFilter::new(shared.topics.all_nodes(channel), QoS::AtLeastOnce));
+    if let Err(error) = shared.mqtt.try_subscribe_many(filters) {
+        tracing::error!(%error, "cannot queue the MQTT subscriptions");
+    }
+}
+
+/// Drives the MQTT session: forwards publishes to the handler, subscribes again
+/// after each reconnect, and retries after errors until told to stop.
+pub(crate) async fn run_mqtt_loop(
+    mut eventloop: EventLoop,
+    shared: Arc<Shared>,
+    messages: mpsc::Sender<Received>,
+    mut stop: watch::Receiver<bool>,
+) {
+    loop {
+        let polled = tokio::select! {
+            polled = eventloop.poll() => polled,
+            _ = stop.wait_for(|stopped| *stopped) => break,
+        };
+        match polled {
+            Ok(Event::Incoming(Packet::ConnAck(_))) => {
+                tracing::info!("connected to the MQTT broker again; subscribing");
+                subscribe(&shared);
+            }
+            Ok(Event::Incoming(Packet::Publish(publish))) => {
+                let received = Received {
+                    topic: publish.topic,
+                    payload: publish.payload.to_vec(),
+                };
+                if messages.send(received).await.is_err() {
+                    break;
+                }
+            }
+            Ok(_) => {}
+            Err(error) => {
+                if *stop.borrow() {
+                    break;
+                }
+                tracing::warn!(%error, "MQTT connection error; retrying in 1 s");
+                tokio::select! {
+                    _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+                    _ = stop.wait_for(|stopped| *stopped) => break,
+                }
+            }
+        }
+    }
+}
+
+/// Handles received messages one at a time, in arrival order.
+pub(crate) async fn run_message_handler(
+    shared: Arc<Shared>,
+    mut messages: mpsc::Receiver<Received>,
+) {
+    while let Some(message) = messages.recv().await {
+        match handle_message(&shared, &message.topic, &message.payload).await {
+            Ok(handled) => tracing::debug!(topic = %message.topic, ?handled, "message handled"),
+            Err(error) => tracing::warn!(topic = %message.topic, %error, "message ignored"),
+        }
+    }
+}
+
+fn decoded<M: starling_proto::Message>(
+    node: &NodeId,
+    channel: Channel,
+    payload: &[u8],
+) -> Result<M, IngestError> {
+    decode::<M>(payload).map_err(|source| IngestError::Decode {
+        node: node.to_string(),
+        channel: channel.as_str(),
+        source,
+    })
+}
+
+/// Applies one message. On any error the registry and the store are unchanged.
+pub(crate) async fn handle_message(
+    shared: &Shared,
+    topic: &str,
+    payload: &[u8],
+) -> Result<Handled, IngestError> {
+    let (node, channel) = shared
+        .topics
+        .parse(topic)
+        .ok_or_else(|| IngestError::ForeignTopic(topic.to_string()))?;
+    if payload.is_empty() && matches!(channel, Channel::Capability | Channel::Status) {
+        return Ok(Handled::Cleared);
+    }
+    let now_ms = unix_now_ms();
+    let change = match channel {
+        Channel::Capability => {
+            let capability: Capability = decoded(&node, channel, payload)?;
+            shared
+                .registry_mut()
+                .apply_capability(&node, capability, now_ms)?
+        }
+        Channel::Telemetry => {
+            let telemetry: Telemetry = decoded(&node, channel, payload)?;
+            shared
+                .registry_mut()
+                .apply_telemetry(&node, telemetry, now_ms)?
+        }
+        Channel::Status => {
+            let status: Status = decoded(&node, channel, payload)?;
+            shared.registry_mut().apply_status(&node, status, now_ms)?
+        }
+        Channel::Events => {
+            let event: TaskEvent = decoded(&node, channel, payload)?;
+            return handle_event(shared, &node, event, now_ms).await;
+        }
+        Channel::Assign | Channel::Cancel => {
+            return Err(IngestError::UnexpectedChannel {
+                topic: topic.to_string(),
+                channel: channel.as_str(),
+            })
+        }
+    };
+    match &change {
+        RegistryChange::NodeOffline(id) => {
+            let lost = shared
+                .store
+                .requeue_node_tasks(id.as_str(), shared.max_attempts, now_ms)
+                .await?;
+            for task in &lost {
+                tracing::warn!(
+                    node = %id,
+                    task = %task.task_id,
+                    attempt = task.attempt,
+                    now = %task.status,
+                    "node went offline with the task in flight"
+                );
+            }
+            shared.wake_scheduler.notify_one();
+        }
+        RegistryChange::NodeOnline(id) | RegistryChange::NodeRegistered(id) => {
+            tracing::info!(node = %id, change = ?change, "node registry updated");
+            shared.wake_scheduler.notify_one();
+        }
+        _ => {}
+    }
+    Ok(Handled::Registry(change))
+}
+
+async fn handle_event(
+    shared: &Shared,
+    topic_node: &NodeId,
+    event: TaskEvent,
+    now_ms: u64,
+) -> Result<Handled, IngestError> {
+    if &event.node_id != topic_node {
+        return Err(IngestError::EventNodeMismatch {
+            topic_node: topic_node.to_string(),
+            payload_node: event.node_id.to_string(),
+        });
+    }
+    let outcome = shared
+        .store
+        .record_event(&event, now_ms, shared.max_attempts)
+        .await?;
+    match &outcome {
+        EventOutcome::UnknownTask => {
+            return Err(IngestError::UnknownTask {
+                task_id: event.task_id.to_string(),
+                node: event.node_id.to_string(),
+                state: event.state,
+            })
+        }
+        EventOutcome::Duplicate => {
+            tracing::debug!(task = %event.task_id, attempt = event.attempt, "duplicate event ignored")
+        }
+        EventOutcome::Recorded { status, changed } => {
+            if *changed {
+                tracing::info!(task = %event.task_id, attempt = event.attempt, node = %event.node_id, state = %status, "task state changed");
+            }
+            if status.is_terminal() || *status == TaskStatus::Pending {
+                // A slot freed up, or the task needs a new home.
+                shared.wake_scheduler.notify_one();
+            }
+        }
+    }
+    Ok(Handled::Event(outcome))
+}

@@ -1,0 +1,198 @@
+//! Task manifests (`task.toml`): what a task author declares about a module so
+//! that `starling run` submits it with the right class, demand and deadline.
+//! Also the duration and size syntax (`10s`, `16MiB`) the CLI accepts.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::Deserialize;
+
+use crate::task::{TaskDemand, TaskKind};
+
+/// How many directories up `find_for` looks for `{stem}/task.toml` (a module
+/// built into `tasks/target/wasm32-wasip1/release/` has its manifest in
+/// `tasks/{stem}/task.toml`).
+const SEARCH_DEPTH: usize = 4;
+
+/// A task manifest.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+pub struct Manifest {
+    /// The task's name.
+    pub name: Option<String>,
+    /// Dominant resource.
+    #[serde(default)]
+    pub class: TaskKind,
+    /// Default deadline from submission (`10s`, `500ms`, `2m`).
+    pub deadline: Option<String>,
+    /// Estimated work, seconds on one reference core.
+    pub work_seconds: Option<f64>,
+    /// Resources needed.
+    #[serde(default)]
+    pub demand: TaskDemand,
+}
+
+/// Why a manifest could not be used.
+#[derive(Debug, thiserror::Error)]
+pub enum ManifestError {
+    /// The file could not be read.
+    #[error("cannot read manifest {path}: {source}")]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// The OS error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The file is not a valid manifest.
+    #[error("manifest {path} is invalid: {detail}")]
+    Invalid {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong.
+        detail: String,
+    },
+}
+
+impl Manifest {
+    /// Reads and checks a manifest file.
+    pub fn load(path: &Path) -> Result<Manifest, ManifestError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ManifestError::Read {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        let manifest: Manifest = toml::from_str(&text).map_err(|error| ManifestError::Invalid {
+            path: path.to_path_buf(),
+            detail: error.to_string(),
+        })?;
+        if let Some(deadline) = &manifest.deadline {
+            parse_duration(deadline).map_err(|detail| ManifestError::Invalid {
+                path: path.to_path_buf(),
+                detail: format!("deadline: {detail}"),
+            })?;
+        }
+        Ok(manifest)
+    }
+
+    /// The manifest's deadline, if it has a valid one.
+    pub fn deadline(&self) -> Option<Duration> {
+        self.deadline
+            .as_deref()
+            .and_then(|text| parse_duration(text).ok())
+    }
+
+    /// Finds the manifest for a module: `task.toml` or `{stem}.toml` beside it,
+    /// or `{stem}/task.toml` in one of the directories above it.
+    pub fn find_for(module: &Path) -> Option<PathBuf> {
+        let directory = module.parent()?;
+        let stem = module.file_stem()?.to_str()?;
+        let beside = [
+            directory.join("task.toml"),
+            directory.join(format!("{stem}.toml")),
+        ];
+        if let Some(found) = beside.into_iter().find(|path| path.is_file()) {
+            return Some(found);
+        }
+        directory
+            .ancestors()
+            .take(SEARCH_DEPTH + 1)
+            .map(|ancestor| ancestor.join(stem).join("task.toml"))
+            .find(|path| path.is_file())
+    }
+}
+
+/// Parses `250ms`, `10s`, `2m`, `1h` (a bare number means seconds).
+pub fn parse_duration(text: &str) -> Result<Duration, String> {
+    let text = text.trim();
+    let split = text
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(text.len());
+    let (number, unit) = text.split_at(split);
+    let value: f64 = number
+        .parse()
+        .map_err(|_| format!("{text:?} is not a duration like 500ms, 10s, 2m or 1h"))?;
+    let seconds = match unit.trim() {
+        "ms" => value / 1000.0,
+        "" | "s" => value,
+        "m" | "min" => value * 60.0,
+        "h" => value * 3600.0,
+        _ => return Err(format!("{text:?} has an unknown unit; use ms, s, m or h")),
+    };
+    Duration::try_from_secs_f64(seconds).map_err(|_| format!("{text:?} is out of range"))
+}
+
+/// Parses `1024`, `64KiB`, `16MiB`, `1GiB` (also `KB`, `MB`, `GB` as powers of 1000).
+pub fn parse_size(text: &str) -> Result<u64, String> {
+    let text = text.trim();
+    let split = text
+        .find(|c: char| !c.is_ascii_digit())
+        .unwrap_or(text.len());
+    let (number, unit) = text.split_at(split);
+    let value: u64 = number
+        .parse()
+        .map_err(|_| format!("{text:?} is not a size like 65536, 64KiB or 16MiB"))?;
+    let factor: u64 = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 1,
+        "k" | "kib" => 1 << 10,
+        "m" | "mib" => 1 << 20,
+        "g" | "gib" => 1 << 30,
+        "kb" => 1_000,
+        "mb" => 1_000_000,
+        "gb" => 1_000_000_000,
+        _ => {
+            return Err(format!(
+                "{text:?} has an unknown unit; use B, KiB, MiB or GiB"
+            ))
+        }
+    };
+    value
+        .checked_mul(factor)
+        .ok_or_else(|| format!("{text:?} is too large"))
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations_and_sizes() {
+        assert_eq!(parse_duration("250ms").unwrap(), Duration::from_millis(250));
+        assert_eq!(parse_duration("10s").unwrap(), Duration::from_secs(10));
+        assert_eq!(parse_duration("2m").unwrap(), Duration::from_secs(120));
+        assert_eq!(parse_duration("3").unwrap(), Duration::from_secs(3));
+        assert!(parse_duration("soon").is_err());
+        assert!(parse_duration("5 days").is_err());
+        assert_eq!(parse_size("64KiB").unwrap(), 65_536);
+        assert_eq!(parse_size("16MiB").unwrap(), 16 << 20);
+        assert_eq!(parse_size("100").unwrap(), 100);
+        assert!(parse_size("lots").is_err());
+    }
+
+    #[test]
+    fn manifests_are_found_beside_or_above_the_module() {
+        let root = tempfile::tempdir().unwrap();
+        let release = root.path().join("target/wasm32-wasip1/release");
+        std::fs::create_dir_all(&release).unwrap();
+        std::fs::create_dir_all(root.path().join("wordcount")).unwrap();
+        let manifest = root.path().join("wordcount/task.toml");
+        std::fs::write(
+            &manifest,
+            "name = \"wordcount\"\nclass = \"io\"\ndeadline = \"10s\"\nwork_seconds = 0.05\n[demand]\ncpu_cores = 1.0\nmemory_mb = 32\ngpu = false\nio_mbps = 20.0\n",
+        )
+        .unwrap();
+        let module = release.join("wordcount.wasm");
+        assert_eq!(Manifest::find_for(&module), Some(manifest.clone()));
+        let loaded = Manifest::load(&manifest).unwrap();
+        assert_eq!(loaded.class, TaskKind::Io);
+        assert_eq!(loaded.deadline(), Some(Duration::from_secs(10)));
+        assert_eq!(loaded.demand.memory_mb, 32);
+        assert_eq!(Manifest::find_for(&release.join("other.wasm")), None);
+
+        let bad = root.path().join("bad.toml");
+        std::fs::write(&bad, "class = \"quantum\"\n").unwrap();
+        assert!(matches!(
+            Manifest::load(&bad),
+            Err(ManifestError::Invalid { .. })
+        ));
+    }
+}

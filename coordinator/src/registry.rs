@@ -1,0 +1,307 @@
+//! The registry of nodes: what each node said about itself (capability), what
+//! it is doing (latest telemetry) and whether it is reachable (status). A plain
+//! state machine fed by decoded messages; the MQTT loop lives in `ingest`.
+
+use std::collections::BTreeMap;
+
+use starling_proto::{Capability, NodeId, NodeState, Status, Telemetry};
+
+/// What the registry knows about one node.
+#[derive(Debug, Clone, PartialEq)]
+pub struct NodeEntry {
+    /// The node's capability report.
+    pub capability: Capability,
+    /// Its latest telemetry, if any arrived.
+    pub telemetry: Option<Telemetry>,
+    /// Its latest status; `None` until the first status message.
+    pub state: Option<NodeState>,
+    /// When anything was last heard from it, Unix milliseconds.
+    pub last_seen_ms: u64,
+}
+
+impl NodeEntry {
+    /// Whether the node is online: it said so and has not said otherwise.
+    pub fn online(&self) -> bool {
+        self.state == Some(NodeState::Online)
+    }
+}
+
+/// Why a report was refused. The registry is unchanged after any of these.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RegistryError {
+    /// Telemetry or status for a node that never sent its capability.
+    #[error("node {0} has not published its capability; its report is ignored")]
+    UnknownNode(String),
+    /// The topic names one node and the payload another.
+    #[error("message on the topic of node {topic_node} claims to come from node {payload_node}")]
+    NodeMismatch {
+        /// The node in the topic.
+        topic_node: String,
+        /// The node in the payload.
+        payload_node: String,
+    },
+}
+
+/// What a report changed, for the callers that must react.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RegistryChange {
+    /// A node appeared or sent a new capability.
+    NodeRegistered(NodeId),
+    /// A node came online.
+    NodeOnline(NodeId),
+    /// A node went offline: its in-flight work is lost.
+    NodeOffline(NodeId),
+    /// Load figures changed.
+    TelemetryUpdated(NodeId),
+    /// An older telemetry report arrived after a newer one and was dropped.
+    StaleTelemetry(NodeId),
+    /// A status repeated the state already known.
+    Unchanged(NodeId),
+}
+
+/// All known nodes, ordered by id.
+#[derive(Debug, Clone, Default)]
+pub struct Registry {
+    nodes: BTreeMap<NodeId, NodeEntry>,
+}
+
+fn same_node(topic_node: &NodeId, payload_node: &NodeId) -> Result<(), RegistryError> {
+    if topic_node == payload_node {
+        Ok(())
+    } else {
+        Err(RegistryError::NodeMismatch {
+            topic_node: topic_node.to_string(),
+            payload_node: payload_node.to_string(),
+        })
+    }
+}
+
+impl Registry {
+    /// An empty registry.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Records a capability report received on `topic_node`'s topic.
+    pub fn apply_capability(
+        &mut self,
+        topic_node: &NodeId,
+        capability: Capability,
+        now_ms: u64,
+    ) -> Result<RegistryChange, RegistryError> {
+        same_node(topic_node, &capability.node_id)?;
+        let id = capability.node_id.clone();
+        match self.nodes.get_mut(&id) {
+            Some(entry) => {
+                entry.capability = capability;
+                entry.last_seen_ms = now_ms;
+            }
+            None => {
+                self.nodes.insert(
+                    id.clone(),
+                    NodeEntry {
+                        capability,
+                        telemetry: None,
+                        state: None,
+                        last_seen_ms: now_ms,
+                    },
+                );
+            }
+        }
+        Ok(RegistryChange::NodeRegistered(id))
+    }
+
+    /// Records a telemetry report. A report older than the one held (lower
+    /// sequence number within the same agent run) is dropped.
+    pub fn apply_telemetry(
+        &mut self,
+        topic_node: &NodeId,
+        telemetry: Telemetry,
+        now_ms: u64,
+    ) -> Result<RegistryChange, RegistryError> {
+        same_node(topic_node, &telemetry.node_id)?;
+        let id = telemetry.node_id.clone();
+        let entry = self
+            .nodes
+            .get_mut(&id)
+            .ok_or_else(|| RegistryError::UnknownNode(id.to_string()))?;
+        if let Some(previous) = &entry.telemetry {
+            // A restarted agent starts its sequence again with a smaller uptime.
+            let same_run = telemetry.uptime_ms >= previous.uptime_ms;
+            if same_run && telemetry.seq <= previous.seq {
+                return Ok(RegistryChange::StaleTelemetry(id));
+            }
+        }
+        entry.telemetry = Some(telemetry);
+        entry.last_seen_ms = now_ms;
+        Ok(RegistryChange::TelemetryUpdated(id))
+    }
+
+    /// Records a status message (including an agent's last will).
+    pub fn apply_status(
+        &mut self,
+        topic_node: &NodeId,
+        status: Status,
+        now_ms: u64,
+    ) -> Result<RegistryChange, RegistryError> {
+        same_node(topic_node, &status.node_id)?;
+        let id = status.node_id.clone();
+        let entry = self
+            .nodes
+            .get_mut(&id)
+            .ok_or_else(|| RegistryError::UnknownNode(id.to_string()))?;
+        let previous = entry.state.replace(status.state);
+        entry.last_seen_ms = now_ms;
+        Ok(match (previous, status.state) {
+            (Some(before), after) if before == after => RegistryChange::Unchanged(id),
+            (_, NodeState::Online) => RegistryChange::NodeOnline(id),
+            (_, NodeState::Offline) => RegistryChange::NodeOffline(id),
+        })
+    }
+
+    /// One node.
+    pub fn get(&self, id: &NodeId) -> Option<&NodeEntry> {
+        self.nodes.get(id)
+    }
+
+    /// Every node, ordered by id.
+    pub fn nodes(&self) -> impl Iterator<Item = &NodeEntry> {
+        self.nodes.values()
+    }
+
+    /// How many nodes are known.
+    pub fn len(&self) -> usize {
+        self.nodes.len()
+    }
+
+    /// Whether no node is known.
+    pub fn is_empty(&self) -> bool {
+        self.nodes.is_empty()
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+pub(crate) mod tests {
+    use super::*;
+    use starling_proto::{CpuInfo, LinkState, PROTOCOL_VERSION};
+
+    pub(crate) fn capability(id: &str) -> Capability {
+        let mut capability = Capability {
+            v: PROTOCOL_VERSION,
+            node_id: NodeId::new(id).unwrap(),
+            agent_version: "0.1.0".try_into().unwrap(),
+            arch: "x86_64".try_into().unwrap(),
+            os: "linux".try_into().unwrap(),
+            cpu: CpuInfo {
+                model: "test cpu".try_into().unwrap(),
+                cores: 4,
+                min_mhz: 800,
+                max_mhz: 3000,
+            },
+            memory_bytes: 8 << 30,
+            gpus: Default::default(),
+            disks: Default::default(),
+            interfaces: Default::default(),
+            labels: Default::default(),
+            runtimes: Default::default(),
+            power_levels: Default::default(),
+        };
+        capability
+            .runtimes
+            .push(starling_proto::Runtime::Wasm)
+            .unwrap();
+        capability
+    }
+
+    pub(crate) fn telemetry(id: &str, seq: u64, uptime_ms: u64) -> Telemetry {
+        Telemetry {
+            v: PROTOCOL_VERSION,
+            node_id: NodeId::new(id).unwrap(),
+            seq,
+            uptime_ms,
+            cpu_load: 0.25,
+            free_memory_bytes: 4 << 30,
+            io_read_bps: 0,
+            io_write_bps: 0,
+            link: LinkState {
+                rtt_ms: None,
+                bandwidth_mbps: None,
+                loss: None,
+            },
+            running_tasks: 0,
+            queued_tasks: 0,
+            power_level: 0,
+            energy_joules: 0.0,
+        }
+    }
+
+    fn status(id: &str, state: NodeState) -> Status {
+        Status {
+            v: PROTOCOL_VERSION,
+            node_id: NodeId::new(id).unwrap(),
+            state,
+        }
+    }
+
+    #[test]
+    fn reports_for_unknown_nodes_change_nothing() {
+        let mut registry = Registry::new();
+        let id = NodeId::new("ghost").unwrap();
+        assert_eq!(
+            registry.apply_telemetry(&id, telemetry("ghost", 1, 10), 5),
+            Err(RegistryError::UnknownNode(id.to_string()))
+        );
+        assert_eq!(
+            registry.apply_status(&id, status("ghost", NodeState::Online), 5),
+            Err(RegistryError::UnknownNode(id.to_string()))
+        );
+        assert!(registry.is_empty());
+    }
+
+    #[test]
+    fn topic_and_payload_must_name_the_same_node() {
+        let mut registry = Registry::new();
+        let topic_node = NodeId::new("a").unwrap();
+        let result = registry.apply_capability(&topic_node, capability("b"), 1);
+        assert!(matches!(result, Err(RegistryError::NodeMismatch { .. })));
+        assert!(registry.is_empty());
+    }
+
+    #[test]
+    fn node_lifecycle_and_stale_telemetry() {
+        let mut registry = Registry::new();
+        let id = NodeId::new("pi-1").unwrap();
+        registry
+            .apply_capability(&id, capability("pi-1"), 1)
+            .unwrap();
+        assert!(!registry.get(&id).unwrap().online());
+        assert_eq!(
+            registry.apply_status(&id, status("pi-1", NodeState::Online), 2),
+            Ok(RegistryChange::NodeOnline(id.clone()))
+        );
+        assert_eq!(
+            registry.apply_status(&id, status("pi-1", NodeState::Online), 3),
+            Ok(RegistryChange::Unchanged(id.clone()))
+        );
+        assert_eq!(
+            registry.apply_telemetry(&id, telemetry("pi-1", 5, 5000), 4),
+            Ok(RegistryChange::TelemetryUpdated(id.clone()))
+        );
+        assert_eq!(
+            registry.apply_telemetry(&id, telemetry("pi-1", 4, 6000), 5),
+            Ok(RegistryChange::StaleTelemetry(id.clone()))
+        );
+        // A restarted agent (smaller uptime) starts again from sequence 1.
+        assert_eq!(
+            registry.apply_telemetry(&id, telemetry("pi-1", 1, 100), 6),
+            Ok(RegistryChange::TelemetryUpdated(id.clone()))
+        );
+        assert_eq!(
+            registry.apply_status(&id, status("pi-1", NodeState::Offline), 7),
+            Ok(RegistryChange::NodeOffline(id.clone()))
+        );
+        assert!(!registry.get(&id).unwrap().online());
+        assert_eq!(registry.get(&id).unwrap().last_seen_ms, 7);
+    }
+}

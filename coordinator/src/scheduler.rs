@@ -1,0 +1,263 @@
+//! The scheduler loop: takes the pending queue from the store and a snapshot of
+//! the registry, asks the placement policy for decisions, records them (with
+//! their explanations) and publishes each placement as an `Assignment`.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use rumqttc::QoS;
+use starling_placement::{
+    ClusterView, Constraints, Demand, NodeView, Outcome, PendingTask, Policy, TaskClass,
+};
+use starling_proto::{encode, Assignment, Channel, NodeId, TaskId, PROTOCOL_VERSION};
+use tokio::sync::watch;
+
+use crate::store::{StoreError, TaskRecord};
+use crate::task::{unix_now_ms, TaskKind};
+use crate::Shared;
+
+/// Most pending tasks handed to the policy in one round.
+const QUEUE_WINDOW: u32 = 256;
+/// Most in-flight tasks accounted in the cluster view.
+const IN_FLIGHT_WINDOW: u32 = 4096;
+
+/// Why a scheduling round stopped early.
+#[derive(Debug, thiserror::Error)]
+pub enum ScheduleError {
+    /// The store failed.
+    #[error("scheduling round failed: {0}")]
+    Store(#[from] StoreError),
+}
+
+/// What one scheduling round did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RoundSummary {
+    /// Tasks placed and published.
+    pub placed: usize,
+    /// Tasks the policy held back.
+    pub held: usize,
+}
+
+/// Runs rounds when woken (new task, node change, finished task) and at least
+/// every `interval`, until told to stop.
+pub(crate) async fn run(
+    shared: Arc<Shared>,
+    mut policy: Box<dyn Policy>,
+    interval: Duration,
+    mut stop: watch::Receiver<bool>,
+) {
+    loop {
+        match schedule_round(&shared, policy.as_mut()).await {
+            Ok(summary) if summary.placed > 0 => {
+                tracing::debug!(?summary, "scheduling round")
+            }
+            Ok(_) => {}
+            Err(error) => tracing::warn!(%error, "scheduling round failed; retrying"),
+        }
+        tokio::select! {
+            _ = shared.wake_scheduler.notified() => {}
+            _ = tokio::time::sleep(interval) => {}
+            _ = stop.wait_for(|stopped| *stopped) => break,
+        }
+    }
+}
+
+fn placement_class(kind: TaskKind) -> TaskClass {
+    match kind {
+        TaskKind::Cpu => TaskClass::Cpu,
+        TaskKind::Gpu => TaskClass::Gpu,
+        TaskKind::Io => TaskClass::Io,
+    }
+}
+
+/// The placement engine's view of a stored task.
+pub fn pending_task(key: u64, record: &TaskRecord) -> PendingTask {
+    let spec = &record.spec;
+    PendingTask {
+        key,
+        class: placement_class(spec.class),
+        demand: Demand {
+            cpu_cores: spec.demand.cpu_cores,
+            memory_bytes: spec.demand.memory_mb.saturating_mul(1024 * 1024),
+            gpu: spec.demand.gpu,
+            io_mbps: spec.demand.io_mbps,
+        },
+        work: spec.work_seconds,
+        input_bytes: spec.input.len() as u64,
+        output_bytes: spec.limits.output_bytes.min(64 * 1024),
+        deadline_ms: spec.deadline_unix_ms,
+        priority: spec.priority,
+        submitted_ms: spec.created_ms,
+        constraints: Constraints {
+            runtime: spec.runtime,
+            arch: None,
+            labels: Vec::new(),
+        },
+    }
+}
+
+/// Builds the cluster view from the registry, in node-id order.
+fn cluster_view(shared: &Shared, now_ms: u64) -> (ClusterView, Vec<NodeId>) {
+    let registry = shared.registry();
+    let mut ids = Vec::with_capacity(registry.len());
+    let mut nodes = Vec::with_capacity(registry.len());
+    for entry in registry.nodes() {
+        ids.push(entry.capability.node_id.clone());
+        nodes.push(NodeView::from_reports(
+            &entry.capability,
+            entry.telemetry.as_ref(),
+            entry.online(),
+        ));
+    }
+    (ClusterView { now_ms, nodes }, ids)
+}
+
+/// One round: place what the policy places, record why the rest waits.
+pub(crate) async fn schedule_round(
+    shared: &Shared,
+    policy: &mut dyn Policy,
+) -> Result<RoundSummary, ScheduleError> {
+    let pending = shared.store.pending_tasks(QUEUE_WINDOW).await?;
+    if pending.is_empty() {
+        return Ok(RoundSummary::default());
+    }
+    let now_ms = unix_now_ms();
+    let (mut view, ids) = cluster_view(shared, now_ms);
+    // Work already out on nodes occupies them; the view must say so.
+    for record in shared.store.in_flight_tasks(IN_FLIGHT_WINDOW).await? {
+        let Some(node) = record.node_id.as_deref() else {
+            continue;
+        };
+        if let Some(index) = ids.iter().position(|id| id.as_str() == node) {
+            let task = pending_task(u64::MAX, &record);
+            view.commit(index, &task, record.power_level.unwrap_or(0));
+        }
+    }
+    let queue: Vec<PendingTask> = pending
+        .iter()
+        .enumerate()
+        .map(|(index, record)| pending_task(index as u64, record))
+        .collect();
+    let decisions = policy.decide(&view, &queue);
+
+    let mut summary = RoundSummary::default();
+    for decision in decisions {
+        let Some(record) = usize::try_from(decision.task_key)
+            .ok()
+            .and_then(|index| pending.get(index))
+        else {
+            tracing::warn!(
+                key = decision.task_key,
+                "policy decided on a task it was not given"
+            );
+            continue;
+        };
+        let explanation = serde_json::to_value(&decision.explanation)
+            .unwrap_or_else(|error| serde_json::json!({ "error": error.to_string() }));
+        match decision.outcome {
+            Outcome::Place { node, power_level } => {
+                let Some(node_id) = ids.get(node) else {
+                    tracing::warn!(node, "policy chose a node outside the view");
+                    continue;
+                };
+                let attempt = record.attempt + 1;
+                let assigned = shared
+                    .store
+                    .assign_task(
+                        &record.spec.id,
+                        attempt,
+                        node_id.as_str(),
+                        power_level,
+                        &explanation,
+                        now_ms,
+                    )
+                    .await?;
+                if !assigned {
+                    // Cancelled or placed by another replica since it was read.
+                    continue;
+                }
+                publish_assignment(shared, record, node_id, attempt, power_level).await;
+                summary.placed += 1;
+            }
+            Outcome::Hold { .. } => {
+                shared
+                    .store
+                    .hold_task(&record.spec.id, &explanation)
+                    .await?;
+                summary.held += 1;
+            }
+        }
+    }
+    Ok(summary)
+}
+
+/// The assignment for one attempt of a stored task.
+pub fn assignment(
+    record: &TaskRecord,
+    attempt: u32,
+    power_level: u8,
+    public_url: &str,
+) -> Result<Assignment, String> {
+    let spec = &record.spec;
+    let task_id = TaskId::new(&spec.id).map_err(|e| e.to_string())?;
+    let url = format!("{public_url}/api/v1/artifacts/{}", spec.artifact.to_hex());
+    let artifact_url = heapless_string(&url).ok_or_else(|| {
+        format!(
+            "artifact URL {url} is longer than {} bytes; use a shorter --public-url",
+            starling_proto::limits::URL_LEN
+        )
+    })?;
+    let mut args = heapless::Vec::new();
+    for arg in &spec.args {
+        let arg = heapless_string(arg).ok_or_else(|| format!("argument {arg:?} is too long"))?;
+        args.push(arg)
+            .map_err(|_| "too many arguments".to_string())?;
+    }
+    Ok(Assignment {
+        v: PROTOCOL_VERSION,
+        task_id,
+        attempt,
+        runtime: spec.runtime,
+        artifact: spec.artifact,
+        artifact_url,
+        args,
+        input: spec.input.clone(),
+        limits: spec.limits.into(),
+        power_level,
+        deadline_unix_ms: spec.deadline_unix_ms,
+    })
+}
+
+fn heapless_string<const N: usize>(text: &str) -> Option<heapless::String<N>> {
+    heapless::String::try_from(text).ok()
+}
+
+async fn publish_assignment(
+    shared: &Shared,
+    record: &TaskRecord,
+    node_id: &NodeId,
+    attempt: u32,
+    power_level: u8,
+) {
+    let bytes = match assignment(record, attempt, power_level, &shared.public_url)
+        .and_then(|assignment| encode(&assignment).map_err(|e| e.to_string()))
+    {
+        Ok(bytes) => bytes,
+        Err(detail) => {
+            // The submission was checked against these bounds, so this only
+            // happens with a misconfigured public URL.
+            tracing::error!(task = %record.spec.id, %detail, "cannot build the assignment");
+            return;
+        }
+    };
+    let topic = shared.topics.node(node_id, Channel::Assign);
+    if let Err(error) = shared
+        .mqtt
+        .publish(topic, QoS::AtLeastOnce, false, bytes)
+        .await
+    {
+        tracing::error!(task = %record.spec.id, %error, "cannot publish the assignment");
+    } else {
+        tracing::info!(task = %record.spec.id, node = %node_id, attempt, power_level, "task assigned");
+    }
+}

@@ -1,0 +1,961 @@
+//! Durable state: artifacts (content-addressed by sha256), tasks, attempts and
+//! events, in SQLite (the default) or PostgreSQL through sqlx.
+//!
+//! Both backends run the same migrations and the same query text: the schema
+//! sticks to portable SQL and every query is written once with `$n`
+//! placeholders, then expanded for each pool by [`with_pool!`]. Every
+//! read-modify-write starts with a write so that SQLite takes its write lock
+//! first (a deferred transaction that reads and then writes can fail with
+//! `SQLITE_BUSY` when another writer got there in between).
+
+use std::str::FromStr;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use sqlx::postgres::{PgPool, PgPoolOptions};
+use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions};
+use starling_proto::{Digest, Runtime, TaskEvent, TaskState};
+
+use crate::task::{TaskDemand, TaskKind, TaskLimits, TaskStatus};
+
+/// The migrations, shared by both backends.
+static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations");
+
+/// How long a connection attempt may take before opening the store fails.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Runs one expression against whichever pool the store holds. The expression
+/// is written once and compiled once per backend, so query text never diverges.
+macro_rules! with_pool {
+    ($store:expr, $pool:ident => $body:expr) => {
+        match &$store.backend {
+            Backend::Sqlite($pool) => $body,
+            Backend::Postgres($pool) => $body,
+        }
+    };
+}
+
+#[derive(Debug, Clone)]
+enum Backend {
+    Sqlite(SqlitePool),
+    Postgres(PgPool),
+}
+
+/// The coordinator's database.
+#[derive(Debug, Clone)]
+pub struct Store {
+    backend: Backend,
+}
+
+/// Why the store could not be opened.
+#[derive(Debug, thiserror::Error)]
+pub enum OpenStoreError {
+    /// The URL names no supported database.
+    #[error("database URL {url:?} is not supported; pass --db sqlite://PATH or --db postgres://USER@HOST/DB")]
+    UnsupportedUrl {
+        /// The URL given.
+        url: String,
+    },
+    /// The database could not be opened or reached.
+    #[error("cannot open database {url}: {source}; check that it exists and is reachable, or pass another --db")]
+    Connect {
+        /// The URL given, without its password.
+        url: String,
+        /// The driver's error.
+        #[source]
+        source: sqlx::Error,
+    },
+    /// The schema could not be brought up to date.
+    #[error("cannot migrate database {url}: {source}")]
+    Migrate {
+        /// The URL given, without its password.
+        url: String,
+        /// The migrator's error.
+        #[source]
+        source: sqlx::migrate::MigrateError,
+    },
+}
+
+/// Why a store operation failed.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// The database refused or failed the query.
+    #[error("database error: {0}")]
+    Database(#[from] sqlx::Error),
+    /// A row holds a value this build cannot read (a corrupt or newer database).
+    #[error("database holds an unreadable value in {column}: {detail}")]
+    Corrupt {
+        /// The column.
+        column: &'static str,
+        /// What was wrong.
+        detail: String,
+    },
+}
+
+/// A task as submitted, before the coordinator stores it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct NewTask {
+    /// The task's id.
+    pub id: String,
+    /// The module to run.
+    pub artifact: Digest,
+    /// The runtime that runs it.
+    pub runtime: Runtime,
+    /// Bytes given to the task on stdin.
+    pub input: Vec<u8>,
+    /// Arguments.
+    pub args: Vec<String>,
+    /// The task's dominant resource.
+    pub class: TaskKind,
+    /// Resources it needs.
+    pub demand: TaskDemand,
+    /// Limits the agent enforces.
+    pub limits: TaskLimits,
+    /// Estimated work, in seconds on one reference core.
+    pub work_seconds: f64,
+    /// Higher is more urgent.
+    pub priority: u8,
+    /// Absolute deadline, Unix milliseconds.
+    pub deadline_unix_ms: Option<u64>,
+    /// When it was submitted, Unix milliseconds.
+    pub created_ms: u64,
+}
+
+/// A stored task with its current state.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TaskRecord {
+    /// The submission.
+    pub spec: NewTask,
+    /// Its state.
+    pub status: TaskStatus,
+    /// When it last changed, Unix milliseconds.
+    pub updated_ms: u64,
+    /// The node of the current (or last) attempt.
+    pub node_id: Option<String>,
+    /// The current attempt number; 0 before the first assignment.
+    pub attempt: u32,
+    /// The power level chosen for the current attempt.
+    pub power_level: Option<u8>,
+    /// Output of a successful attempt.
+    pub output: Option<Vec<u8>>,
+    /// Exit code of the module, when it exited.
+    pub exit_code: Option<i32>,
+    /// Failure code, for failed tasks.
+    pub failure_reason: Option<String>,
+    /// Failure message for people.
+    pub failure_message: Option<String>,
+    /// The latest placement explanation, as JSON.
+    pub explanation: Option<serde_json::Value>,
+    /// Whether a cancel was requested while an attempt ran.
+    pub cancel_requested: bool,
+}
+
+/// One stored task event.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct EventRecord {
+    /// Attempt number.
+    pub attempt: u32,
+    /// Event state (`accepted`, `running`, `succeeded`, `failed`, `cancelled`, or `lost` when the node vanished).
+    pub state: String,
+    /// The node that sent it.
+    pub node_id: String,
+    /// When the coordinator received it, Unix milliseconds.
+    pub received_ms: u64,
+    /// Failure code.
+    pub reason: Option<String>,
+    /// Failure message.
+    pub message: Option<String>,
+    /// Exit code.
+    pub exit_code: Option<i32>,
+    /// Size of the output carried.
+    pub output_bytes: u64,
+    /// Execution measurements, as the agent sent them.
+    #[schema(value_type = Option<Object>)]
+    pub metrics: Option<serde_json::Value>,
+}
+
+/// One attempt of a task.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct AttemptRecord {
+    /// Attempt number, from 1.
+    pub attempt: u32,
+    /// The node it was sent to.
+    pub node_id: String,
+    /// The power level chosen.
+    pub power_level: u8,
+    /// When it was assigned, Unix milliseconds.
+    pub assigned_ms: u64,
+    /// Its state (`assigned`, `running`, `succeeded`, `failed`, `cancelled`, `lost`).
+    pub state: String,
+    /// When it ended, Unix milliseconds.
+    pub finished_ms: Option<u64>,
+}
+
+/// What recording an agent's event did.
+#[derive(Debug, Clone, PartialEq)]
+pub enum EventOutcome {
+    /// The event was new; the task is now in this state.
+    Recorded {
+        /// The task's state after the event.
+        status: TaskStatus,
+        /// Whether the event changed the task's state.
+        changed: bool,
+    },
+    /// The same task, attempt and state was recorded before: nothing changed.
+    Duplicate,
+    /// No task has this id: nothing changed.
+    UnknownTask,
+}
+
+/// What a cancel request did.
+#[derive(Debug, Clone, PartialEq)]
+pub enum CancelOutcome {
+    /// The task was pending and is now cancelled.
+    Cancelled,
+    /// An attempt runs on a node: the caller must send it a `Cancel`.
+    SendCancel {
+        /// The node running it.
+        node_id: String,
+        /// The attempt to stop.
+        attempt: u32,
+    },
+    /// The task had already ended in this state.
+    AlreadyEnded(TaskStatus),
+    /// No task has this id.
+    NotFound,
+}
+
+/// A task put back in the queue or given up on after its node went offline.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LostTask {
+    /// The task.
+    pub task_id: String,
+    /// The attempt that was lost.
+    pub attempt: u32,
+    /// `Pending` when it will be retried, `Failed` when its attempts ran out.
+    pub status: TaskStatus,
+}
+
+#[derive(sqlx::FromRow)]
+struct TaskRow {
+    id: String,
+    artifact: String,
+    runtime: String,
+    input: Vec<u8>,
+    args: String,
+    class: String,
+    demand: String,
+    limits: String,
+    work_seconds: f64,
+    priority: i64,
+    deadline_unix_ms: Option<i64>,
+    created_ms: i64,
+    updated_ms: i64,
+    state: String,
+    node_id: Option<String>,
+    attempt: i64,
+    power_level: Option<i64>,
+    output: Option<Vec<u8>>,
+    exit_code: Option<i64>,
+    failure_reason: Option<String>,
+    failure_message: Option<String>,
+    explanation: Option<String>,
+    cancel_requested: i64,
+}
+
+#[derive(sqlx::FromRow)]
+struct EventRow {
+    attempt: i64,
+    state: String,
+    node_id: String,
+    received_ms: i64,
+    reason: Option<String>,
+    message: Option<String>,
+    exit_code: Option<i64>,
+    output_bytes: i64,
+    metrics: Option<String>,
+}
+
+#[derive(sqlx::FromRow)]
+struct AttemptRow {
+    attempt: i64,
+    node_id: String,
+    power_level: i64,
+    assigned_ms: i64,
+    state: String,
+    finished_ms: Option<i64>,
+}
+
+const TASK_COLUMNS: &str = "id, artifact, runtime, input, args, class, demand, limits, work_seconds, \
+     priority, deadline_unix_ms, created_ms, updated_ms, state, node_id, attempt, power_level, output, \
+     exit_code, failure_reason, failure_message, explanation, cancel_requested";
+
+/// Stores a u64 in a BIGINT column; values past i64::MAX (far beyond any
+/// timestamp or size the coordinator handles) saturate.
+fn to_db(value: u64) -> i64 {
+    i64::try_from(value).unwrap_or(i64::MAX)
+}
+
+/// Reads a BIGINT column back as u64; negative values cannot be written by
+/// [`to_db`] and read as 0.
+fn from_db(value: i64) -> u64 {
+    u64::try_from(value).unwrap_or(0)
+}
+
+fn corrupt(column: &'static str, detail: impl ToString) -> StoreError {
+    StoreError::Corrupt {
+        column,
+        detail: detail.to_string(),
+    }
+}
+
+fn runtime_from_str(s: &str) -> Option<Runtime> {
+    match s {
+        "wasm" => Some(Runtime::Wasm),
+        "opencl" => Some(Runtime::Opencl),
+        _ => None,
+    }
+}
+
+fn event_state_name(state: TaskState) -> &'static str {
+    match state {
+        TaskState::Accepted => "accepted",
+        TaskState::Running => "running",
+        TaskState::Succeeded => "succeeded",
+        TaskState::Failed => "failed",
+        TaskState::Cancelled => "cancelled",
+    }
+}
+
+/// The wire name of a failure reason (its serde name).
+pub fn failure_reason_name(reason: starling_proto::FailureReason) -> String {
+    serde_json::to_value(reason)
+        .ok()
+        .and_then(|value| value.as_str().map(str::to_string))
+        .unwrap_or_else(|| format!("{reason:?}"))
+}
+
+impl TaskRow {
+    fn into_record(self) -> Result<TaskRecord, StoreError> {
+        let spec = NewTask {
+            artifact: Digest::parse(&self.artifact).map_err(|e| corrupt("tasks.artifact", e))?,
+            runtime: runtime_from_str(&self.runtime)
+                .ok_or_else(|| corrupt("tasks.runtime", &self.runtime))?,
+            input: self.input,
+            args: serde_json::from_str(&self.args).map_err(|e| corrupt("tasks.args", e))?,
+            class: TaskKind::from_str(&self.class).map_err(|e| corrupt("tasks.class", e))?,
+            demand: serde_json::from_str(&self.demand).map_err(|e| corrupt("tasks.demand", e))?,
+            limits: serde_json::from_str(&self.limits).map_err(|e| corrupt("tasks.limits", e))?,
+            work_seconds: self.work_seconds,
+            priority: u8::try_from(self.priority).unwrap_or(u8::MAX),
+            deadline_unix_ms: self.deadline_unix_ms.map(from_db),
+            created_ms: from_db(self.created_ms),
+            id: self.id,
+        };
+        Ok(TaskRecord {
+            spec,
+            status: TaskStatus::from_str(&self.state).map_err(|e| corrupt("tasks.state", e))?,
+            updated_ms: from_db(self.updated_ms),
+            node_id: self.node_id,
+            attempt: u32::try_from(self.attempt).unwrap_or(0),
+            power_level: self
+                .power_level
+                .map(|level| u8::try_from(level).unwrap_or(0)),
+            output: self.output,
+            exit_code: self.exit_code.and_then(|code| i32::try_from(code).ok()),
+            failure_reason: self.failure_reason,
+            failure_message: self.failure_message,
+            explanation: match self.explanation {
+                Some(text) => {
+                    Some(serde_json::from_str(&text).map_err(|e| corrupt("tasks.explanation", e))?)
+                }
+                None => None,
+            },
+            cancel_requested: self.cancel_requested != 0,
+        })
+    }
+}
+
+impl EventRow {
+    fn into_record(self) -> EventRecord {
+        EventRecord {
+            attempt: u32::try_from(self.attempt).unwrap_or(0),
+            state: self.state,
+            node_id: self.node_id,
+            received_ms: from_db(self.received_ms),
+            reason: self.reason,
+            message: self.message,
+            exit_code: self.exit_code.and_then(|code| i32::try_from(code).ok()),
+            output_bytes: from_db(self.output_bytes),
+            metrics: self
+                .metrics
+                .and_then(|text| serde_json::from_str(&text).ok()),
+        }
+    }
+}
+
+/// Removes the password from a database URL before it appears in messages.
+fn redact(url: &str) -> String {
+    match (url.find("://"), url.rfind('@')) {
+        (Some(scheme_end), Some(at)) if at > scheme_end => {
+            let credentials = &url[scheme_end + 3..at];
+            match credentials.split_once(':') {
+                Some((user, _password)) => {
+                    format!("{}{user}:***{}", &url[..scheme_end + 3], &url[at..])
+                }
+                None => url.to_string(),
+            }
+        }
+        _ => url.to_string(),
+    }
+}
+
+impl Store {
+    /// Opens (creating a SQLite file if missing) and migrates the database at `url`:
+    /// `sqlite://PATH` (WAL mode) or `postgres://…`.
+    pub async fn open(url: &str) -> Result<Store, OpenStoreError> {
+        let shown = redact(url);
+        let backend = if url.starts_with("sqlite:") {
+            let options = SqliteConnectOptions::from_str(url)
+                .map_err(|source| OpenStoreError::Connect {
+                    url: shown.clone(),
+                    source,
+                })?
+                .create_if_missing(true)
+                .journal_mode(SqliteJournalMode::Wal)
+                .foreign_keys(true)
+                .busy_timeout(Duration::from_secs(10));
+            let pool = SqlitePoolOptions::new()
+                .max_connections(4)
+                .acquire_timeout(CONNECT_TIMEOUT)
+                .connect_with(options)
+                .await
+                .map_err(|source| OpenStoreError::Connect {
+                    url: shown.clone(),
+                    source,
+                })?;
+            Backend::Sqlite(pool)
+        } else if url.starts_with("postgres:") || url.starts_with("postgresql:") {
+            let pool = PgPoolOptions::new()
+                .max_connections(8)
+                .acquire_timeout(CONNECT_TIMEOUT)
+                .connect(url)
+                .await
+                .map_err(|source| OpenStoreError::Connect {
+                    url: shown.clone(),
+                    source,
+                })?;
+            Backend::Postgres(pool)
+        } else {
+            return Err(OpenStoreError::UnsupportedUrl { url: shown });
+        };
+        let store = Store { backend };
+        with_pool!(store, pool => MIGRATOR.run(pool).await).map_err(|source| {
+            OpenStoreError::Migrate {
+                url: shown.clone(),
+                source,
+            }
+        })?;
+        Ok(store)
+    }
+
+    /// The backend's name: `sqlite` or `postgres`.
+    pub fn backend_name(&self) -> &'static str {
+        match self.backend {
+            Backend::Sqlite(_) => "sqlite",
+            Backend::Postgres(_) => "postgres",
+        }
+    }
+
+    /// Closes every connection.
+    pub async fn close(&self) {
+        with_pool!(self, pool => pool.close().await)
+    }
+
+    /// Answers when the database answers a trivial query.
+    pub async fn ping(&self) -> Result<(), StoreError> {
+        with_pool!(self, pool => sqlx::query("SELECT 1").execute(pool).await.map(|_| ()))?;
+        Ok(())
+    }
+
+    /// Stores an artifact under its digest; returns whether it was new.
+    /// Storing the same bytes twice is harmless.
+    pub async fn put_artifact(
+        &self,
+        digest: &Digest,
+        bytes: &[u8],
+        now_ms: u64,
+    ) -> Result<bool, StoreError> {
+        let sql = "INSERT INTO artifacts (digest, size_bytes, bytes, created_ms) VALUES ($1, $2, $3, $4) \
+                   ON CONFLICT (digest) DO NOTHING";
+        let result = with_pool!(self, pool => sqlx::query(sql)
+            .bind(digest.to_hex())
+            .bind(to_db(bytes.len() as u64))
+            .bind(bytes)
+            .bind(to_db(now_ms))
+            .execute(pool)
+            .await
+            .map(|done| done.rows_affected()))?;
+        Ok(result == 1)
+    }
+
+    /// The bytes of an artifact, if stored.
+    pub async fn artifact(&self, digest: &Digest) -> Result<Option<Vec<u8>>, StoreError> {
+        let sql = "SELECT bytes FROM artifacts WHERE digest = $1";
+        let bytes: Option<(Vec<u8>,)> = with_pool!(self, pool => sqlx::query_as(sql)
+            .bind(digest.to_hex())
+            .fetch_optional(pool)
+            .await)?;
+        Ok(bytes.map(|(bytes,)| bytes))
+    }
+
+    /// The size of an artifact, if stored.
+    pub async fn artifact_size(&self, digest: &Digest) -> Result<Option<u64>, StoreError> {
+        let sql = "SELECT size_bytes FROM artifacts WHERE digest = $1";
+        let size: Option<(i64,)> = with_pool!(self, pool => sqlx::query_as(sql)
+            .bind(digest.to_hex())
+            .fetch_optional(pool)
+            .await)?;
+        Ok(size.map(|(size,)| from_db(size)))
+    }
+
+    /// Stores a new task in state `pending`.
+    pub async fn insert_task(&self, task: &NewTask) -> Result<(), StoreError> {
+        let sql = "INSERT INTO tasks (id, artifact, runtime, input, args, class, demand, limits, \
+                   work_seconds, priority, deadline_unix_ms, created_ms, updated_ms, state, attempt, \
+                   cancel_requested) \
+                   VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $12, 'pending', 0, 0)";
+        let args = serde_json::to_string(&task.args).map_err(|e| corrupt("tasks.args", e))?;
+        let demand = serde_json::to_string(&task.demand).map_err(|e| corrupt("tasks.demand", e))?;
+        let limits = serde_json::to_string(&task.limits).map_err(|e| corrupt("tasks.limits", e))?;
+        with_pool!(self, pool => sqlx::query(sql)
+            .bind(&task.id)
+            .bind(task.artifact.to_hex())
+            .bind(task.runtime.as_str())
+            .bind(&task.input)
+            .bind(&args)
+            .bind(task.class.as_str())
+            .bind(&demand)
+            .bind(&limits)
+            .bind(task.work_seconds)
+            .bind(i64::from(task.priority))
+            .bind(task.deadline_unix_ms.map(to_db))
+            .bind(to_db(task.created_ms))
+            .execute(pool)
+            .await
+            .map(|_| ()))?;
+        Ok(())
+    }
+
+    /// One task, if it exists.
+    pub async fn task(&self, id: &str) -> Result<Option<TaskRecord>, StoreError> {
+        let sql = format!("SELECT {TASK_COLUMNS} FROM tasks WHERE id = $1");
+        let row: Option<TaskRow> = with_pool!(self, pool => sqlx::query_as(&sql)
+            .bind(id)
+            .fetch_optional(pool)
+            .await)?;
+        row.map(TaskRow::into_record).transpose()
+    }
+
+    /// Tasks, newest first, optionally only those in one state.
+    pub async fn list_tasks(
+        &self,
+        status: Option<TaskStatus>,
+        limit: u32,
+    ) -> Result<Vec<TaskRecord>, StoreError> {
+        let sql = format!(
+            "SELECT {TASK_COLUMNS} FROM tasks WHERE ($1 IS NULL OR state = $1) \
+             ORDER BY created_ms DESC, id DESC LIMIT $2"
+        );
+        let rows: Vec<TaskRow> = with_pool!(self, pool => sqlx::query_as(&sql)
+            .bind(status.map(TaskStatus::as_str))
+            .bind(i64::from(limit))
+            .fetch_all(pool)
+            .await)?;
+        rows.into_iter().map(TaskRow::into_record).collect()
+    }
+
+    /// Pending tasks, oldest first: the placement engine's queue.
+    pub async fn pending_tasks(&self, limit: u32) -> Result<Vec<TaskRecord>, StoreError> {
+        self.tasks_in_states(
+            "state = 'pending'",
+            "ORDER BY created_ms ASC, id ASC",
+            limit,
+        )
+        .await
+    }
+
+    /// Tasks with an attempt out on a node.
+    pub async fn in_flight_tasks(&self, limit: u32) -> Result<Vec<TaskRecord>, StoreError> {
+        self.tasks_in_states(
+            "state IN ('assigned', 'running')",
+            "ORDER BY created_ms ASC, id ASC",
+            limit,
+        )
+        .await
+    }
+
+    async fn tasks_in_states(
+        &self,
+        condition: &str,
+        order: &str,
+        limit: u32,
+    ) -> Result<Vec<TaskRecord>, StoreError> {
+        let sql = format!("SELECT {TASK_COLUMNS} FROM tasks WHERE {condition} {order} LIMIT $1");
+        let rows: Vec<TaskRow> = with_pool!(self, pool => sqlx::query_as(&sql)
+            .bind(i64::from(limit))
+            .fetch_all(pool)
+            .await)?;
+        rows.into_iter().map(TaskRow::into_record).collect()
+    }
+
+    /// Records a placement: the pending task gets attempt `attempt` on `node_id`.
+    /// Returns false (and changes nothing) when the task is no longer pending at
+    /// the expected attempt, for instance because it was cancelled meanwhile.
+    pub async fn assign_task(
+        &self,
+        task_id: &str,
+        attempt: u32,
+        node_id: &str,
+        power_level: u8,
+        explanation: &serde_json::Value,
+        now_ms: u64,
+    ) -> Result<bool, StoreError> {
+        let explanation = explanation.to_string();
+        let update =
+            "UPDATE tasks SET state = 'assigned', attempt = $2, node_id = $3, power_level = $4, \
+                      explanation = $5, updated_ms = $6 \
+                      WHERE id = $1 AND state = 'pending' AND attempt = $7";
+        let insert = "INSERT INTO attempts (task_id, attempt, node_id, power_level, assigned_ms, state, explanation) \
+                      VALUES ($1, $2, $3, $4, $5, 'assigned', $6)";
+        let assigned = with_pool!(self, pool => {
+            let mut tx = pool.begin().await?;
+            let updated = sqlx::query(update)
+                .bind(task_id)
+                .bind(i64::from(attempt))
+                .bind(node_id)
+                .bind(i64::from(power_level))
+                .bind(&explanation)
+                .bind(to_db(now_ms))
+                .bind(i64::from(attempt.saturating_sub(1)))
+                .execute(&mut *tx)
+                .await?
+                .rows_affected();
+            if updated == 1 {
+                sqlx::query(insert)
+                    .bind(task_id)
+                    .bind(i64::from(attempt))
+                    .bind(node_id)
+                    .bind(i64::from(power_level))
+                    .bind(to_db(now_ms))
+                    .bind(&explanation)
+                    .execute(&mut *tx)
+                    .await?;
+                tx.commit().await?;
+                Ok::<bool, sqlx::Error>(true)
+            } else {
+                tx.rollback().await?;
+                Ok(false)
+            }
+        })?;
+        Ok(assigned)
+    }
+
+    /// Records why a pending task stays pending (the policy held it), unless
+    /// the same explanation is already stored.
+    pub async fn hold_task(
+        &self,
+        task_id: &str,
+        explanation: &serde_json::Value,
+    ) -> Result<(), StoreError> {
+        let sql = "UPDATE tasks SET explanation = $2 WHERE id = $1 AND state = 'pending' \
+                   AND (explanation IS NULL OR explanation <> $2)";
+        let text = explanation.to_string();
+        with_pool!(self, pool => sqlx::query(sql).bind(task_id).bind(&text).execute(pool).await.map(|_| ()))?;
+        Ok(())
+    }
+
+    /// Records an agent's event once and applies it to the task's state.
+    ///
+    /// Redeliveries of the same task, attempt and state are recognised by the
+    /// events table's key and change nothing. An event for an attempt other
+    /// than the current one, or from another node, is kept as history but does
+    /// not change the task. A `failed` with reason `agent_busy` puts the task
+    /// back in the queue while attempts remain (`max_attempts`).
+    pub async fn record_event(
+        &self,
+        event: &TaskEvent,
+        now_ms: u64,
+        max_attempts: u32,
+    ) -> Result<EventOutcome, StoreError> {
+        let touch = "UPDATE tasks SET updated_ms = $2 WHERE id = $1";
+        let insert = "INSERT INTO events (task_id, attempt, state, node_id, received_ms, reason, message, \
+                      exit_code, output_bytes, metrics) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10) \
+                      ON CONFLICT (task_id, attempt, state) DO NOTHING";
+        let select = format!("SELECT {TASK_COLUMNS} FROM tasks WHERE id = $1");
+        let update =
+            "UPDATE tasks SET state = $2, output = $3, exit_code = $4, failure_reason = $5, \
+                      failure_message = $6, node_id = $7 WHERE id = $1";
+        let update_attempt =
+            "UPDATE attempts SET state = $3, finished_ms = $4 WHERE task_id = $1 AND attempt = $2";
+
+        let task_id = event.task_id.as_str();
+        let state_name = event_state_name(event.state);
+        let reason = event.reason.map(failure_reason_name);
+        let message = event.message.as_ref().map(|m| m.as_str().to_string());
+        let metrics = event
+            .metrics
+            .as_ref()
+            .and_then(|metrics| serde_json::to_string(metrics).ok());
+
+        let outcome = with_pool!(self, pool => {
+            let mut tx = pool.begin().await?;
+            let touched = sqlx::query(touch)
+                .bind(task_id)
+                .bind(to_db(now_ms))
+                .execute(&mut *tx)
+                .await?
+                .rows_affected();
+            if touched == 0 {
+                tx.rollback().await?;
+                return Ok(EventOutcome::UnknownTask);
+            }
+            let inserted = sqlx::query(insert)
+                .bind(task_id)
+                .bind(i64::from(event.attempt))
+                .bind(state_name)
+                .bind(event.node_id.as_str())
+                .bind(to_db(now_ms))
+                .bind(reason.as_deref())
+                .bind(message.as_deref())
+                .bind(event.exit_code.map(i64::from))
+                .bind(to_db(event.output.len() as u64))
+                .bind(metrics.as_deref())
+                .execute(&mut *tx)
+                .await?
+                .rows_affected();
+            if inserted == 0 {
+                tx.rollback().await?;
+                return Ok(EventOutcome::Duplicate);
+            }
+            let row: TaskRow = sqlx::query_as(&select).bind(task_id).fetch_one(&mut *tx).await?;
+            let task = row.into_record()?;
+            let current_attempt = task.attempt == event.attempt
+                && task.node_id.as_deref() == Some(event.node_id.as_str());
+            let next = if current_attempt {
+                next_status(&task, event, max_attempts)
+            } else {
+                None
+            };
+            let Some(next) = next else {
+                tx.commit().await?;
+                return Ok(EventOutcome::Recorded { status: task.status, changed: false });
+            };
+            let attempt_state = match (next, event.state) {
+                (TaskStatus::Pending, _) => "failed",
+                (_, state) => event_state_name(state),
+            };
+            let (output, exit_code, failure_reason, failure_message) = match next {
+                TaskStatus::Succeeded => (Some(event.output.clone()), event.exit_code, None, None),
+                TaskStatus::Failed => (None, event.exit_code, reason.clone(), message.clone()),
+                _ => (task.output.clone(), task.exit_code, task.failure_reason.clone(), task.failure_message.clone()),
+            };
+            let node_id = if next == TaskStatus::Pending { None } else { task.node_id.clone() };
+            sqlx::query(update)
+                .bind(task_id)
+                .bind(next.as_str())
+                .bind(output)
+                .bind(exit_code.map(i64::from))
+                .bind(failure_reason)
+                .bind(failure_message)
+                .bind(node_id)
+                .execute(&mut *tx)
+                .await?;
+            let finished = (next.is_terminal() || next == TaskStatus::Pending).then(|| to_db(now_ms));
+            sqlx::query(update_attempt)
+                .bind(task_id)
+                .bind(i64::from(event.attempt))
+                .bind(attempt_state)
+                .bind(finished)
+                .execute(&mut *tx)
+                .await?;
+            tx.commit().await?;
+            Ok::<EventOutcome, StoreError>(EventOutcome::Recorded { status: next, changed: next != task.status })
+        })?;
+        Ok(outcome)
+    }
+
+    /// Handles a node gone offline: each of its in-flight attempts is marked
+    /// lost; the task goes back to `pending` for a new attempt, or to `failed`
+    /// (reason `node_lost`) once `max_attempts` attempts were made.
+    pub async fn requeue_node_tasks(
+        &self,
+        node_id: &str,
+        max_attempts: u32,
+        now_ms: u64,
+    ) -> Result<Vec<LostTask>, StoreError> {
+        let mark_attempts = "UPDATE attempts SET state = 'lost', finished_ms = $2 \
+                             WHERE node_id = $1 AND state IN ('assigned', 'accepted', 'running')";
+        let select =
+            "SELECT id, attempt FROM tasks WHERE node_id = $1 AND state IN ('assigned', 'running')";
+        let insert_event = "INSERT INTO events (task_id, attempt, state, node_id, received_ms, output_bytes) \
+                            VALUES ($1, $2, 'lost', $3, $4, 0) ON CONFLICT (task_id, attempt, state) DO NOTHING";
+        let retry = "UPDATE tasks SET state = 'pending', node_id = NULL, power_level = NULL, updated_ms = $2 \
+                     WHERE id = $1";
+        let give_up = "UPDATE tasks SET state = 'failed', failure_reason = 'node_lost', failure_message = $3, \
+                       updated_ms = $2 WHERE id = $1";
+        let lost = with_pool!(self, pool => {
+            let mut tx = pool.begin().await?;
+            sqlx::query(mark_attempts).bind(node_id).bind(to_db(now_ms)).execute(&mut *tx).await?;
+            let rows: Vec<(String, i64)> = sqlx::query_as(select).bind(node_id).fetch_all(&mut *tx).await?;
+            let mut lost = Vec::with_capacity(rows.len());
+            for (task_id, attempt) in rows {
+                let attempt = u32::try_from(attempt).unwrap_or(0);
+                sqlx::query(insert_event)
+                    .bind(&task_id)
+                    .bind(i64::from(attempt))
+                    .bind(node_id)
+                    .bind(to_db(now_ms))
+                    .execute(&mut *tx)
+                    .await?;
+                let status = if attempt < max_attempts {
+                    sqlx::query(retry).bind(&task_id).bind(to_db(now_ms)).execute(&mut *tx).await?;
+                    TaskStatus::Pending
+                } else {
+                    let message = format!(
+                        "node {node_id} went offline during attempt {attempt}; no attempts left (limit {max_attempts})"
+                    );
+                    sqlx::query(give_up)
+                        .bind(&task_id)
+                        .bind(to_db(now_ms))
+                        .bind(message)
+                        .execute(&mut *tx)
+                        .await?;
+                    TaskStatus::Failed
+                };
+                lost.push(LostTask { task_id, attempt, status });
+            }
+            tx.commit().await?;
+            Ok::<Vec<LostTask>, sqlx::Error>(lost)
+        })?;
+        Ok(lost)
+    }
+
+    /// Cancels a pending task at once, or marks a running one so the caller
+    /// sends its node a `Cancel`.
+    pub async fn request_cancel(
+        &self,
+        task_id: &str,
+        now_ms: u64,
+    ) -> Result<CancelOutcome, StoreError> {
+        let cancel_pending =
+            "UPDATE tasks SET state = 'cancelled', updated_ms = $2, cancel_requested = 1 \
+                              WHERE id = $1 AND state = 'pending'";
+        let mark_running = "UPDATE tasks SET cancel_requested = 1, updated_ms = $2 \
+                            WHERE id = $1 AND state IN ('assigned', 'running')";
+        let select = "SELECT state, node_id, attempt FROM tasks WHERE id = $1";
+        let outcome = with_pool!(self, pool => {
+            let mut tx = pool.begin().await?;
+            let cancelled = sqlx::query(cancel_pending)
+                .bind(task_id)
+                .bind(to_db(now_ms))
+                .execute(&mut *tx)
+                .await?
+                .rows_affected();
+            if cancelled == 1 {
+                tx.commit().await?;
+                return Ok(CancelOutcome::Cancelled);
+            }
+            let marked = sqlx::query(mark_running)
+                .bind(task_id)
+                .bind(to_db(now_ms))
+                .execute(&mut *tx)
+                .await?
+                .rows_affected();
+            let row: Option<(String, Option<String>, i64)> =
+                sqlx::query_as(select).bind(task_id).fetch_optional(&mut *tx).await?;
+            tx.commit().await?;
+            let Some((state, node_id, attempt)) = row else {
+                return Ok(CancelOutcome::NotFound);
+            };
+            let status = TaskStatus::from_str(&state).map_err(|e| corrupt("tasks.state", e))?;
+            match (marked, node_id) {
+                (1, Some(node_id)) => Ok(CancelOutcome::SendCancel {
+                    node_id,
+                    attempt: u32::try_from(attempt).unwrap_or(0),
+                }),
+                _ => Ok::<CancelOutcome, StoreError>(CancelOutcome::AlreadyEnded(status)),
+            }
+        })?;
+        Ok(outcome)
+    }
+
+    /// A task's events, oldest first.
+    pub async fn events(&self, task_id: &str) -> Result<Vec<EventRecord>, StoreError> {
+        let sql = "SELECT attempt, state, node_id, received_ms, reason, message, exit_code, output_bytes, metrics \
+                   FROM events WHERE task_id = $1 ORDER BY received_ms ASC, attempt ASC";
+        let rows: Vec<EventRow> =
+            with_pool!(self, pool => sqlx::query_as(sql).bind(task_id).fetch_all(pool).await)?;
+        Ok(rows.into_iter().map(EventRow::into_record).collect())
+    }
+
+    /// A task's attempts, first first.
+    pub async fn attempts(&self, task_id: &str) -> Result<Vec<AttemptRecord>, StoreError> {
+        let sql = "SELECT attempt, node_id, power_level, assigned_ms, state, finished_ms \
+                   FROM attempts WHERE task_id = $1 ORDER BY attempt ASC";
+        let rows: Vec<AttemptRow> =
+            with_pool!(self, pool => sqlx::query_as(sql).bind(task_id).fetch_all(pool).await)?;
+        Ok(rows
+            .into_iter()
+            .map(|row| AttemptRecord {
+                attempt: u32::try_from(row.attempt).unwrap_or(0),
+                node_id: row.node_id,
+                power_level: u8::try_from(row.power_level).unwrap_or(0),
+                assigned_ms: from_db(row.assigned_ms),
+                state: row.state,
+                finished_ms: row.finished_ms.map(from_db),
+            })
+            .collect())
+    }
+}
+
+/// The task's next state after an event of its current attempt, or `None`
+/// when the event changes nothing (a task already ended stays ended).
+fn next_status(task: &TaskRecord, event: &TaskEvent, max_attempts: u32) -> Option<TaskStatus> {
+    if task.status.is_terminal() || task.status == TaskStatus::Pending {
+        return None;
+    }
+    let next = match event.state {
+        TaskState::Accepted | TaskState::Running => TaskStatus::Running,
+        TaskState::Succeeded => TaskStatus::Succeeded,
+        TaskState::Failed => {
+            let busy = event.reason == Some(starling_proto::FailureReason::AgentBusy);
+            if busy && event.attempt < max_attempts && !task.cancel_requested {
+                TaskStatus::Pending
+            } else {
+                TaskStatus::Failed
+            }
+        }
+        TaskState::Cancelled => TaskStatus::Cancelled,
+    };
+    (next != task.status || next == TaskStatus::Pending).then_some(next)
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn redact_hides_passwords_only() {
+        assert_eq!(
+            redact("postgres://user:secret@host/db"),
+            "postgres://user:***@host/db"
+        );
+        assert_eq!(
+            redact("postgres://postgres@127.0.0.1/test"),
+            "postgres://postgres@127.0.0.1/test"
+        );
+        assert_eq!(redact("sqlite://x.db"), "sqlite://x.db");
+    }
+}

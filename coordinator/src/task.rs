@@ -1,0 +1,193 @@
+//! The coordinator's own view of a task: its lifecycle states and the demand a
+//! submitter declares. Shared by the store, the scheduler and the REST API.
+
+use std::fmt;
+use std::str::FromStr;
+
+use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
+
+/// Where a task stands, as the coordinator records it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum TaskStatus {
+    /// Waiting for the placement engine to choose a node.
+    Pending,
+    /// Sent to a node; the node has not yet said it runs.
+    Assigned,
+    /// The node reported that it accepted or started it.
+    Running,
+    /// Finished with output.
+    Succeeded,
+    /// Failed; the failure reason says why.
+    Failed,
+    /// Cancelled on request.
+    Cancelled,
+}
+
+impl TaskStatus {
+    /// Every status, in lifecycle order.
+    pub const ALL: [TaskStatus; 6] = [
+        TaskStatus::Pending,
+        TaskStatus::Assigned,
+        TaskStatus::Running,
+        TaskStatus::Succeeded,
+        TaskStatus::Failed,
+        TaskStatus::Cancelled,
+    ];
+
+    /// The status as stored and shown.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TaskStatus::Pending => "pending",
+            TaskStatus::Assigned => "assigned",
+            TaskStatus::Running => "running",
+            TaskStatus::Succeeded => "succeeded",
+            TaskStatus::Failed => "failed",
+            TaskStatus::Cancelled => "cancelled",
+        }
+    }
+
+    /// Whether nothing more happens to a task in this status.
+    pub fn is_terminal(self) -> bool {
+        matches!(
+            self,
+            TaskStatus::Succeeded | TaskStatus::Failed | TaskStatus::Cancelled
+        )
+    }
+
+    /// Whether an attempt of the task is out on a node.
+    pub fn is_in_flight(self) -> bool {
+        matches!(self, TaskStatus::Assigned | TaskStatus::Running)
+    }
+}
+
+impl fmt::Display for TaskStatus {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A string that names no task status.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "unknown task state {0:?}; use one of pending, assigned, running, succeeded, failed, cancelled"
+)]
+pub struct UnknownTaskStatus(pub String);
+
+impl FromStr for TaskStatus {
+    type Err = UnknownTaskStatus;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        TaskStatus::ALL
+            .into_iter()
+            .find(|status| status.as_str() == s)
+            .ok_or_else(|| UnknownTaskStatus(s.to_string()))
+    }
+}
+
+/// Which resource dominates a task, as its submitter declares it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum TaskKind {
+    /// CPU-bound (the default).
+    #[default]
+    Cpu,
+    /// GPU-bound.
+    Gpu,
+    /// I/O-bound.
+    Io,
+}
+
+impl TaskKind {
+    /// The kind as stored and shown.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TaskKind::Cpu => "cpu",
+            TaskKind::Gpu => "gpu",
+            TaskKind::Io => "io",
+        }
+    }
+}
+
+/// A string that names no task kind.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("unknown task class {0:?}; use cpu, gpu or io")]
+pub struct UnknownTaskKind(pub String);
+
+impl FromStr for TaskKind {
+    type Err = UnknownTaskKind;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "cpu" => Ok(TaskKind::Cpu),
+            "gpu" => Ok(TaskKind::Gpu),
+            "io" => Ok(TaskKind::Io),
+            other => Err(UnknownTaskKind(other.to_string())),
+        }
+    }
+}
+
+/// The resources a task needs while it runs.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(default)]
+pub struct TaskDemand {
+    /// CPU cores it keeps busy.
+    pub cpu_cores: f32,
+    /// Memory it needs, in MiB.
+    pub memory_mb: u64,
+    /// Whether it needs an OpenCL device.
+    pub gpu: bool,
+    /// Disk throughput it needs, in MB/s.
+    pub io_mbps: f32,
+}
+
+impl Default for TaskDemand {
+    fn default() -> Self {
+        Self {
+            cpu_cores: 1.0,
+            memory_mb: 64,
+            gpu: false,
+            io_mbps: 0.0,
+        }
+    }
+}
+
+/// Limits the agent enforces on each attempt (mirrors `starling_proto::ExecLimits`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(default)]
+pub struct TaskLimits {
+    /// Wall-clock limit in milliseconds.
+    pub wall_ms: u64,
+    /// Linear memory limit in bytes.
+    pub memory_bytes: u64,
+    /// Output limit in bytes.
+    pub output_bytes: u64,
+}
+
+impl Default for TaskLimits {
+    fn default() -> Self {
+        let limits = starling_proto::ExecLimits::default();
+        Self {
+            wall_ms: limits.wall_ms,
+            memory_bytes: limits.memory_bytes,
+            output_bytes: limits.output_bytes,
+        }
+    }
+}
+
+impl From<TaskLimits> for starling_proto::ExecLimits {
+    fn from(limits: TaskLimits) -> Self {
+        Self {
+            wall_ms: limits.wall_ms,
+            memory_bytes: limits.memory_bytes,
+            output_bytes: limits.output_bytes,
+        }
+    }
+}
+
+/// Milliseconds since the Unix epoch, the one clock the coordinator stores.
+pub fn unix_now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|elapsed| u64::try_from(elapsed.as_millis()).unwrap_or(u64::MAX))
+        .unwrap_or(0)
+}
