@@ -5,11 +5,12 @@
 //! reads a snapshot ([`model::ClusterView`]) and the pending queue and returns
 //! decisions ([`policy::Decision`]); it does no I/O, reads no clock and draws
 //! only from random streams it was seeded with. The coordinator and the
-//! simulator run the very same policy code.
+//! simulator ([`sim`]) run the very same policy code.
 
 pub mod estimate;
 pub mod model;
 pub mod policy;
+pub mod sim;
 pub mod testing;
 
 pub use model::{

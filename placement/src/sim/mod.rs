@@ -1,0 +1,271 @@
+//! The discrete-event edge simulator: device profiles, mobility, Poisson arrivals
+//! at several loads, a mix of CPU-, GPU- and I/O-bound tasks with deadlines, device
+//! failures; every policy runs against the very same arrivals, failures and link
+//! changes, through the very same policy code the coordinator runs.
+//!
+//! The crate stays pure here too: the caller hands in a [`Stopwatch`] to time the
+//! policies' decisions (a real clock in the coordinator's `sim` command, a fake one
+//! in tests), and every random draw comes from ChaCha streams seeded from
+//! [`SimConfig::seed`].
+
+mod engine;
+pub mod profiles;
+mod report;
+mod scale;
+mod workload;
+
+use serde::{Deserialize, Serialize};
+
+use crate::policy::UnknownPolicy;
+
+pub use report::{LoadReport, PolicyRow, SimReport};
+pub use scale::{scale, ScaleConfig, ScaleReport, ScaleRow};
+
+/// A source of elapsed time, injected by the caller.
+pub trait Stopwatch {
+    /// Nanoseconds since an arbitrary origin; never decreasing.
+    fn now_ns(&mut self) -> u64;
+}
+
+/// A stopwatch that advances a fixed step on every reading: deterministic, for
+/// tests and for runs where decision times do not matter.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FakeStopwatch {
+    /// The current reading.
+    pub now_ns: u64,
+    /// How far each reading advances.
+    pub step_ns: u64,
+}
+
+impl Stopwatch for FakeStopwatch {
+    fn now_ns(&mut self) -> u64 {
+        self.now_ns = self.now_ns.saturating_add(self.step_ns);
+        self.now_ns
+    }
+}
+
+/// An offered load: the arrival rate as a fraction of the cluster's capacity.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct LoadLevel {
+    /// Name for tables (`low`, `medium`, `high`).
+    pub name: String,
+    /// Offered work per second over the cluster's work capacity per second.
+    pub utilisation: f64,
+}
+
+impl LoadLevel {
+    /// 20% of capacity.
+    pub fn low() -> Self {
+        Self {
+            name: "low".to_owned(),
+            utilisation: 0.2,
+        }
+    }
+    /// 50% of capacity.
+    pub fn medium() -> Self {
+        Self {
+            name: "medium".to_owned(),
+            utilisation: 0.5,
+        }
+    }
+    /// 85% of capacity.
+    pub fn high() -> Self {
+        Self {
+            name: "high".to_owned(),
+            utilisation: 0.85,
+        }
+    }
+}
+
+/// Shares of each task class in the arrivals (normalised when used).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct TaskMix {
+    /// CPU-bound share.
+    pub cpu: f64,
+    /// GPU-bound share.
+    pub gpu: f64,
+    /// I/O-bound share.
+    pub io: f64,
+}
+
+impl Default for TaskMix {
+    fn default() -> Self {
+        Self {
+            cpu: 0.5,
+            gpu: 0.25,
+            io: 0.25,
+        }
+    }
+}
+
+/// What to simulate.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SimConfig {
+    /// Seed of every random stream.
+    pub seed: u64,
+    /// Seconds of arrivals per load level (the run then drains).
+    pub duration_s: f64,
+    /// Nodes of each device profile.
+    pub nodes_per_profile: usize,
+    /// Failures per node per hour (exponential inter-failure times).
+    pub failure_rate_per_hour: f64,
+    /// Seconds a failed node stays down.
+    pub repair_s: f64,
+    /// Load levels, each a separate run.
+    pub loads: Vec<LoadLevel>,
+    /// Policy names (see [`crate::policy::POLICY_NAMES`]).
+    pub policies: Vec<String>,
+    /// Milliseconds between placement rounds while tasks are pending.
+    pub round_ms: u64,
+    /// Seconds between link changes (mobility).
+    pub mobility_period_s: f64,
+    /// Most seconds the run continues after arrivals stop, to let queues drain.
+    pub drain_s: f64,
+    /// Task classes' shares.
+    pub task_mix: TaskMix,
+    /// Attempts a task gets before it counts as failed (failures re-queue it).
+    pub max_attempts: u32,
+}
+
+impl Default for SimConfig {
+    fn default() -> Self {
+        Self {
+            seed: 42,
+            duration_s: 120.0,
+            nodes_per_profile: 4,
+            failure_rate_per_hour: 2.0,
+            repair_s: 60.0,
+            loads: vec![LoadLevel::low(), LoadLevel::medium(), LoadLevel::high()],
+            policies: crate::policy::POLICY_NAMES
+                .iter()
+                .map(|name| (*name).to_owned())
+                .collect(),
+            round_ms: 100,
+            mobility_period_s: 5.0,
+            drain_s: 120.0,
+            task_mix: TaskMix::default(),
+            max_attempts: 3,
+        }
+    }
+}
+
+/// Where a run stands, for a progress bar.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SimProgress {
+    /// The load level being run.
+    pub load: String,
+    /// The policy being run.
+    pub policy: String,
+    /// Runs (load × policy) finished, this one included once it ends.
+    pub finished_runs: usize,
+    /// Runs in all.
+    pub total_runs: usize,
+}
+
+/// Why a simulation or a scale benchmark could not run.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum SimError {
+    /// A policy name is not known.
+    #[error(transparent)]
+    UnknownPolicy(#[from] UnknownPolicy),
+    /// A setting is out of range.
+    #[error("invalid simulator setting: {0}")]
+    InvalidConfig(String),
+    /// The plot could not be drawn.
+    #[error("could not draw the plot: {0}")]
+    Plot(String),
+}
+
+impl SimConfig {
+    /// Checks the settings, naming the first one out of range.
+    pub fn validate(&self) -> Result<(), SimError> {
+        let invalid = |what: &str| Err(SimError::InvalidConfig(what.to_owned()));
+        if !(self.duration_s.is_finite() && self.duration_s > 0.0 && self.duration_s <= 86_400.0) {
+            return invalid("duration_s must be in (0, 86400]");
+        }
+        if self.nodes_per_profile == 0 || self.nodes_per_profile > 10_000 {
+            return invalid("nodes_per_profile must be in 1..=10000");
+        }
+        if !(self.failure_rate_per_hour.is_finite() && self.failure_rate_per_hour >= 0.0) {
+            return invalid("failure_rate_per_hour must be a non-negative number");
+        }
+        if !(self.repair_s.is_finite() && self.repair_s >= 0.0) {
+            return invalid("repair_s must be a non-negative number");
+        }
+        if self.loads.is_empty() {
+            return invalid("at least one load level is needed");
+        }
+        if self.loads.iter().any(|load| {
+            !(load.utilisation.is_finite() && load.utilisation > 0.0 && load.utilisation <= 5.0)
+        }) {
+            return invalid("load utilisation must be in (0, 5]");
+        }
+        if self.policies.is_empty() {
+            return invalid("at least one policy is needed");
+        }
+        if self.round_ms == 0 {
+            return invalid("round_ms must be at least 1");
+        }
+        if !(self.mobility_period_s.is_finite() && self.mobility_period_s > 0.0) {
+            return invalid("mobility_period_s must be positive");
+        }
+        if !(self.drain_s.is_finite() && self.drain_s >= 0.0) {
+            return invalid("drain_s must be a non-negative number");
+        }
+        let mix = self.task_mix;
+        if [mix.cpu, mix.gpu, mix.io]
+            .iter()
+            .any(|share| !(share.is_finite() && *share >= 0.0))
+            || mix.cpu + mix.gpu + mix.io <= 0.0
+        {
+            return invalid("task_mix shares must be non-negative and not all zero");
+        }
+        if self.max_attempts == 0 {
+            return invalid("max_attempts must be at least 1");
+        }
+        Ok(())
+    }
+}
+
+/// Runs every policy at every load level and gathers the report.
+pub fn run(
+    config: &SimConfig,
+    stopwatch: &mut dyn Stopwatch,
+    progress: &mut dyn FnMut(SimProgress),
+) -> Result<SimReport, SimError> {
+    config.validate()?;
+    // Check every name before the first (long) run.
+    for name in &config.policies {
+        crate::policy::policy_by_name(name, config.seed)?;
+    }
+    let total_runs = config.loads.len() * config.policies.len();
+    let mut finished_runs = 0;
+    let mut loads = Vec::with_capacity(config.loads.len());
+    for (load_index, load) in config.loads.iter().enumerate() {
+        let environment = workload::Environment::generate(config, load_index, load);
+        let mut rows = Vec::with_capacity(config.policies.len());
+        for name in &config.policies {
+            let mut policy = crate::policy::policy_by_name(name, config.seed)?;
+            let row = engine::simulate(config, &environment, policy.as_mut(), stopwatch);
+            rows.push(row);
+            finished_runs += 1;
+            progress(SimProgress {
+                load: load.name.clone(),
+                policy: name.clone(),
+                finished_runs,
+                total_runs,
+            });
+        }
+        loads.push(LoadReport {
+            load: load.clone(),
+            arrival_rate_per_s: environment.arrival_rate_per_s,
+            tasks: environment.tasks.len(),
+            rows,
+        });
+    }
+    Ok(SimReport {
+        seed: config.seed,
+        config: config.clone(),
+        loads,
+    })
+}

@@ -1,0 +1,239 @@
+//! Device profiles for the simulator: four classes of edge hardware with
+//! approximate relative speeds and power figures from public sources.
+//!
+//! All figures are approximate, rounded, and meant to get the *ratios* between
+//! devices right, not any device's absolute numbers:
+//!
+//! - **Raspberry Pi 4 Model B** (4 × Cortex-A72 at 1.5 GHz, 4 GB): ~2.7 W idle and
+//!   ~6.4 W under a full CPU load (Raspberry Pi Foundation and Jeff Geerling's
+//!   power measurements); single-core speed about a third of a mobile Core i5 core
+//!   (Geekbench 5 single-core ~270 against ~1000), taken here as 0.35; microSD
+//!   storage ~40 MB/s; Wi-Fi, so its link moves (mobility).
+//! - **Jetson Nano** (4 × Cortex-A57 at 1.43 GHz, 128-core Maxwell GPU, 4 GB):
+//!   NVIDIA's two power modes, 5 W and 10 W (MAXN), ~1.25 W idle; CPU cores ~0.3 of
+//!   the reference; the GPU (~470 GFLOP/s FP16) taken as ~3 reference cores on
+//!   GPU-class work; eMMC/SD ~80 MB/s.
+//! - **x86 mini PC** (Intel NUC class, 4 cores, 16 GB): ~6 W idle, ~25–45 W loaded
+//!   (taken as 35 W at full speed); the reference core (speed 1.0); SATA SSD
+//!   ~500 MB/s; wired gigabit Ethernet.
+//! - **I/O gateway** (Celeron J4125 class, 4 cores, 8 GB, NVMe): ~5 W idle, ~12 W
+//!   loaded (10 W TDP part); cores ~0.45 of the reference; NVMe ~1 500 MB/s; the
+//!   label `storage=fast`.
+//!
+//! Lower power levels follow the usual DVFS model: dynamic power (above idle)
+//! scales with frequency × voltage², about speed^2.5 across a typical DVFS range,
+//! so a level at half speed draws ~18% of the full dynamic power.
+
+use starling_proto::{Label, NodeId, Runtime};
+
+use crate::model::{EnergyState, GpuCapacity, NetworkLink, NodeLoad, NodeView, PowerLevelModel};
+
+/// Exponent of speed in the dynamic-power model of lower levels.
+pub const DVFS_EXPONENT: f64 = 2.5;
+
+/// One kind of simulated device.
+#[derive(Debug, Clone, PartialEq)]
+pub struct DeviceProfile {
+    /// Short name, used in node ids.
+    pub name: &'static str,
+    /// CPU architecture.
+    pub arch: &'static str,
+    /// Logical cores.
+    pub cores: f64,
+    /// Per-core speed relative to the reference core.
+    pub core_speed: f64,
+    /// Memory, bytes.
+    pub memory_bytes: u64,
+    /// GPU, if any.
+    pub gpu: Option<GpuCapacity>,
+    /// Storage rate, MB/s.
+    pub io_mbps: f64,
+    /// Link bandwidth when the link is at its typical state, Mbit/s.
+    pub bandwidth_mbps: f64,
+    /// Typical round-trip time, ms.
+    pub rtt_ms: f64,
+    /// Whether the device moves (its link varies widely).
+    pub mobile: bool,
+    /// Idle watts.
+    pub idle_watts: f64,
+    /// Watts fully busy at the highest level.
+    pub full_watts: f64,
+    /// Speed factors of the power levels, lowest first, ending at 1.
+    pub level_speeds: &'static [f64],
+    /// Labels the device carries.
+    pub labels: &'static [(&'static str, &'static str)],
+    /// Battery capacity in joules, for battery-powered devices.
+    pub battery_joules: Option<f64>,
+}
+
+impl DeviceProfile {
+    /// The power levels, with dynamic power scaling as speed^[`DVFS_EXPONENT`].
+    pub fn power_levels(&self) -> Vec<PowerLevelModel> {
+        let dynamic = (self.full_watts - self.idle_watts).max(0.0);
+        self.level_speeds
+            .iter()
+            .map(|speed| PowerLevelModel {
+                speed_factor: *speed,
+                idle_watts: self.idle_watts,
+                active_watts: self.idle_watts + dynamic * speed.powf(DVFS_EXPONENT),
+            })
+            .collect()
+    }
+
+    /// Runtimes the device offers: wasm everywhere, OpenCL where there is a GPU.
+    pub fn runtimes(&self) -> Vec<Runtime> {
+        if self.gpu.is_some() {
+            vec![Runtime::Wasm, Runtime::Opencl]
+        } else {
+            vec![Runtime::Wasm]
+        }
+    }
+
+    /// An idle node of this profile named `{name}-{number}`.
+    pub fn node(&self, number: usize) -> NodeView {
+        let id_text = format!("{}-{number:04}", self.name);
+        // Profile names are ASCII letters, digits and '-', so the id is valid; fall
+        // back to a fixed valid id rather than panicking.
+        #[allow(clippy::expect_used)]
+        let id = NodeId::new(&id_text)
+            .or_else(|_| NodeId::new("node"))
+            .expect("\"node\" is a valid node id");
+        let power_levels = self.power_levels();
+        let top = u8::try_from(power_levels.len().saturating_sub(1)).unwrap_or(0);
+        NodeView {
+            id,
+            online: true,
+            arch: self.arch.to_owned(),
+            runtimes: self.runtimes(),
+            labels: self
+                .labels
+                .iter()
+                .filter_map(|(key, value)| Label::new(key, value).ok())
+                .collect(),
+            cpu_cores: self.cores,
+            cpu_speed: self.core_speed,
+            memory_bytes: self.memory_bytes,
+            gpu: self.gpu,
+            io_mbps: self.io_mbps,
+            network: NetworkLink {
+                bandwidth_mbps: self.bandwidth_mbps,
+                rtt_ms: self.rtt_ms,
+                loss: 0.0,
+            },
+            power_levels,
+            energy: EnergyState {
+                budget_joules: self.battery_joules,
+                used_joules: 0.0,
+            },
+            load: NodeLoad {
+                free_cpu_cores: self.cores,
+                free_memory_bytes: self.memory_bytes,
+                free_io_mbps: self.io_mbps,
+                queued_tasks: 0,
+                backlog_cpu_s: 0.0,
+                backlog_gpu_s: 0.0,
+                earliest_slack_ms: None,
+                committed_joules: 0.0,
+                power_level: top,
+            },
+        }
+    }
+}
+
+const GIB: u64 = 1 << 30;
+
+/// Raspberry Pi 4 class: CPU only, frugal, slow storage, on Wi-Fi.
+pub fn raspberry_pi() -> DeviceProfile {
+    DeviceProfile {
+        name: "pi4",
+        arch: "aarch64",
+        cores: 4.0,
+        core_speed: 0.35,
+        memory_bytes: 4 * GIB,
+        gpu: None,
+        io_mbps: 40.0,
+        bandwidth_mbps: 60.0,
+        rtt_ms: 8.0,
+        mobile: true,
+        idle_watts: 2.7,
+        full_watts: 6.4,
+        // 600 MHz, 1.0 GHz, 1.5 GHz.
+        level_speeds: &[0.4, 0.67, 1.0],
+        labels: &[("class", "sbc")],
+        battery_joules: None,
+    }
+}
+
+/// Jetson Nano class: slow CPU, a GPU, 5 W and 10 W modes.
+pub fn jetson() -> DeviceProfile {
+    DeviceProfile {
+        name: "jetson",
+        arch: "aarch64",
+        cores: 4.0,
+        core_speed: 0.3,
+        memory_bytes: 4 * GIB,
+        gpu: Some(GpuCapacity {
+            devices: 1,
+            speed: 3.0,
+            memory_bytes: 4 * GIB,
+        }),
+        io_mbps: 80.0,
+        bandwidth_mbps: 300.0,
+        rtt_ms: 3.0,
+        mobile: true,
+        idle_watts: 1.25,
+        full_watts: 10.0,
+        // The 5 W mode runs at roughly 60% of MAXN's throughput.
+        level_speeds: &[0.6, 1.0],
+        labels: &[("class", "gpu")],
+        battery_joules: None,
+    }
+}
+
+/// x86 mini PC class (Intel NUC): the reference core, power hungry.
+pub fn mini_pc() -> DeviceProfile {
+    DeviceProfile {
+        name: "nuc",
+        arch: "x86_64",
+        cores: 4.0,
+        core_speed: 1.0,
+        memory_bytes: 16 * GIB,
+        gpu: None,
+        io_mbps: 500.0,
+        bandwidth_mbps: 940.0,
+        rtt_ms: 1.0,
+        mobile: false,
+        idle_watts: 6.0,
+        full_watts: 35.0,
+        // powersave, balanced, performance.
+        level_speeds: &[0.5, 0.75, 1.0],
+        labels: &[("class", "pc")],
+        battery_joules: None,
+    }
+}
+
+/// I/O gateway class: modest cores, fast NVMe storage, wired.
+pub fn io_gateway() -> DeviceProfile {
+    DeviceProfile {
+        name: "gateway",
+        arch: "x86_64",
+        cores: 4.0,
+        core_speed: 0.45,
+        memory_bytes: 8 * GIB,
+        gpu: None,
+        io_mbps: 1500.0,
+        bandwidth_mbps: 940.0,
+        rtt_ms: 1.0,
+        mobile: false,
+        idle_watts: 5.0,
+        full_watts: 12.0,
+        level_speeds: &[0.6, 1.0],
+        labels: &[("class", "gateway"), ("storage", "fast")],
+        battery_joules: None,
+    }
+}
+
+/// The four standard profiles.
+pub fn standard_profiles() -> Vec<DeviceProfile> {
+    vec![raspberry_pi(), jetson(), mini_pc(), io_gateway()]
+}
