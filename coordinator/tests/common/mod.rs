@@ -1,0 +1,248 @@
+//! Shared helpers of the coordinator's integration tests: a real Mosquitto on
+//! an ephemeral port, a fresh PostgreSQL database, a coordinator started in
+//! process, and small wasm modules.
+#![allow(dead_code, clippy::unwrap_used, clippy::expect_used, missing_docs)]
+
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use rumqttc::{AsyncClient, Event, EventLoop, MqttOptions, Packet};
+use starling_coordinator::{CoordinatorConfig, Running};
+use starling_proto::{Capability, CpuInfo, LinkState, NodeId, NodeState, Status, Telemetry};
+
+/// A module that exports `_start` and does nothing.
+pub const MINIMAL_WAT: &str = r#"(module (func (export "_start")))"#;
+
+pub fn minimal_wasm() -> Vec<u8> {
+    wat::parse_str(MINIMAL_WAT).unwrap()
+}
+
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+pub fn wait_for_port(port: u16) {
+    let addr = SocketAddr::from(([127, 0, 0, 1], port));
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while Instant::now() < deadline {
+        if TcpStream::connect_timeout(&addr, Duration::from_millis(100)).is_ok() {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    panic!("nothing listens on port {port}");
+}
+
+/// A real Mosquitto broker, killed on drop.
+pub struct Mosquitto {
+    pub port: u16,
+    pub url: String,
+    child: Child,
+    _dir: tempfile::TempDir,
+}
+
+impl Mosquitto {
+    pub fn start() -> Mosquitto {
+        let dir = tempfile::tempdir().unwrap();
+        let port = free_port();
+        let config = dir.path().join("mosquitto.conf");
+        std::fs::write(
+            &config,
+            format!("listener {port} 127.0.0.1\nallow_anonymous true\n"),
+        )
+        .unwrap();
+        let child = Command::new("/usr/sbin/mosquitto")
+            .arg("-c")
+            .arg(&config)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("spawn /usr/sbin/mosquitto");
+        wait_for_port(port);
+        Mosquitto {
+            port,
+            url: format!("mqtt://127.0.0.1:{port}"),
+            child,
+            _dir: dir,
+        }
+    }
+}
+
+impl Drop for Mosquitto {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A fresh PostgreSQL database, dropped by `drop_database`.
+pub struct PostgresDb {
+    pub name: String,
+    pub url: String,
+}
+
+const POSTGRES_ADMIN_URL: &str = "postgres://postgres@127.0.0.1:5432/test";
+
+impl PostgresDb {
+    pub async fn create() -> PostgresDb {
+        let name = format!("starling_{}", uuid::Uuid::now_v7().simple());
+        let admin = sqlx::PgPool::connect(POSTGRES_ADMIN_URL).await.unwrap();
+        sqlx::query(&format!("CREATE DATABASE {name}"))
+            .execute(&admin)
+            .await
+            .unwrap();
+        admin.close().await;
+        PostgresDb {
+            url: format!("postgres://postgres@127.0.0.1:5432/{name}"),
+            name,
+        }
+    }
+
+    pub async fn drop_database(self) {
+        let admin = sqlx::PgPool::connect(POSTGRES_ADMIN_URL).await.unwrap();
+        sqlx::query(&format!(
+            "DROP DATABASE IF EXISTS {} WITH (FORCE)",
+            self.name
+        ))
+        .execute(&admin)
+        .await
+        .unwrap();
+        admin.close().await;
+    }
+}
+
+/// Starts a coordinator in process on ephemeral ports.
+pub async fn start_coordinator(dir: &Path, adjust: impl FnOnce(&mut CoordinatorConfig)) -> Running {
+    let mut config = CoordinatorConfig::ephemeral(dir);
+    adjust(&mut config);
+    starling_coordinator::start(config).await.unwrap()
+}
+
+/// An MQTT client standing in for an agent; its event loop runs in the background.
+pub async fn mqtt_client(
+    host_port: &str,
+    id: &str,
+) -> (
+    AsyncClient,
+    tokio::sync::mpsc::UnboundedReceiver<rumqttc::Publish>,
+) {
+    let (host, port) = host_port
+        .trim_start_matches("mqtt://")
+        .rsplit_once(':')
+        .unwrap();
+    let mut options = MqttOptions::new(id, host, port.parse().unwrap());
+    options
+        .set_keep_alive(Duration::from_secs(5))
+        .set_max_packet_size(2 << 20, 2 << 20);
+    let (client, eventloop) = AsyncClient::new(options, 64);
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    let (connected_tx, connected_rx) = tokio::sync::oneshot::channel();
+    tokio::spawn(drive(eventloop, tx, connected_tx));
+    tokio::time::timeout(Duration::from_secs(10), connected_rx)
+        .await
+        .expect("MQTT connect timed out")
+        .unwrap();
+    (client, rx)
+}
+
+async fn drive(
+    mut eventloop: EventLoop,
+    publishes: tokio::sync::mpsc::UnboundedSender<rumqttc::Publish>,
+    connected: tokio::sync::oneshot::Sender<()>,
+) {
+    let mut connected = Some(connected);
+    loop {
+        match eventloop.poll().await {
+            Ok(Event::Incoming(Packet::ConnAck(_))) => {
+                if let Some(tx) = connected.take() {
+                    let _ = tx.send(());
+                }
+            }
+            Ok(Event::Incoming(Packet::Publish(publish))) => {
+                let _ = publishes.send(publish);
+            }
+            Ok(_) => {}
+            Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
+        }
+    }
+}
+
+pub fn capability(id: &str) -> Capability {
+    let mut capability = Capability {
+        v: starling_proto::PROTOCOL_VERSION,
+        node_id: NodeId::new(id).unwrap(),
+        agent_version: "0.1.0".try_into().unwrap(),
+        arch: "x86_64".try_into().unwrap(),
+        os: "linux".try_into().unwrap(),
+        cpu: CpuInfo {
+            model: "test cpu".try_into().unwrap(),
+            cores: 4,
+            min_mhz: 800,
+            max_mhz: 3000,
+        },
+        memory_bytes: 8 << 30,
+        gpus: Default::default(),
+        disks: Default::default(),
+        interfaces: Default::default(),
+        labels: Default::default(),
+        runtimes: Default::default(),
+        power_levels: Default::default(),
+    };
+    capability
+        .runtimes
+        .push(starling_proto::Runtime::Wasm)
+        .unwrap();
+    capability
+}
+
+pub fn telemetry(id: &str, seq: u64) -> Telemetry {
+    Telemetry {
+        v: starling_proto::PROTOCOL_VERSION,
+        node_id: NodeId::new(id).unwrap(),
+        seq,
+        uptime_ms: seq * 1000,
+        cpu_load: 0.5,
+        free_memory_bytes: 4 << 30,
+        io_read_bps: 0,
+        io_write_bps: 0,
+        link: LinkState {
+            rtt_ms: Some(1.0),
+            bandwidth_mbps: None,
+            loss: None,
+        },
+        running_tasks: 0,
+        queued_tasks: 0,
+        power_level: 0,
+        energy_joules: 1.5,
+    }
+}
+
+pub fn status(id: &str, state: NodeState) -> Status {
+    Status {
+        v: starling_proto::PROTOCOL_VERSION,
+        node_id: NodeId::new(id).unwrap(),
+        state,
+    }
+}
+
+/// Polls `check` every 50 ms until it returns `Some`, or panics after `timeout`.
+pub async fn eventually<T, F, Fut>(timeout: Duration, what: &str, mut check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Some(value) = check().await {
+            return value;
+        }
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}

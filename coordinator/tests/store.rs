@@ -1,0 +1,323 @@
+//! The store against both backends: SQLite in a temp dir and a fresh
+//! PostgreSQL database. The same scenario runs on each.
+#![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
+
+mod common;
+
+use sha2::{Digest as _, Sha256};
+use starling_coordinator::store::{CancelOutcome, EventOutcome, NewTask, Store};
+use starling_coordinator::task::{TaskDemand, TaskKind, TaskLimits, TaskStatus};
+use starling_proto::{Digest, FailureReason, NodeId, Runtime, TaskEvent, TaskId, TaskState};
+
+const MAX_ATTEMPTS: u32 = 3;
+
+fn new_task(id: &str, artifact: Digest, created_ms: u64) -> NewTask {
+    NewTask {
+        id: id.to_string(),
+        artifact,
+        runtime: Runtime::Wasm,
+        input: b"some input".to_vec(),
+        args: vec!["--n".into(), "10".into()],
+        class: TaskKind::Io,
+        demand: TaskDemand {
+            cpu_cores: 0.5,
+            memory_mb: 32,
+            gpu: false,
+            io_mbps: 20.0,
+        },
+        limits: TaskLimits {
+            wall_ms: 2_000,
+            memory_bytes: 16 << 20,
+            output_bytes: 4096,
+        },
+        work_seconds: 0.25,
+        priority: 7,
+        deadline_unix_ms: Some(created_ms + 10_000),
+        created_ms,
+    }
+}
+
+fn event(task: &str, attempt: u32, node: &str, state: TaskState) -> TaskEvent {
+    TaskEvent::state(
+        TaskId::new(task).unwrap(),
+        attempt,
+        NodeId::new(node).unwrap(),
+        state,
+    )
+}
+
+async fn exercise(store: &Store) {
+    // Artifacts: content-addressed, storing twice is harmless.
+    let bytes = common::minimal_wasm();
+    let digest = Digest(Sha256::digest(&bytes).into());
+    assert!(store.put_artifact(&digest, &bytes, 1).await.unwrap());
+    assert!(!store.put_artifact(&digest, &bytes, 2).await.unwrap());
+    assert_eq!(store.artifact(&digest).await.unwrap(), Some(bytes.clone()));
+    assert_eq!(
+        store.artifact_size(&digest).await.unwrap(),
+        Some(bytes.len() as u64)
+    );
+    assert_eq!(store.artifact(&Digest([7; 32])).await.unwrap(), None);
+
+    // Tasks round trip field by field.
+    let first = new_task("task-1", digest, 1_000);
+    store.insert_task(&first).await.unwrap();
+    let second = new_task("task-2", digest, 2_000);
+    store.insert_task(&second).await.unwrap();
+    let loaded = store.task("task-1").await.unwrap().unwrap();
+    assert_eq!(loaded.spec, first);
+    assert_eq!(loaded.status, TaskStatus::Pending);
+    assert_eq!(loaded.attempt, 0);
+    assert!(store.task("nope").await.unwrap().is_none());
+
+    let listed = store.list_tasks(None, 10).await.unwrap();
+    let ids: Vec<_> = listed.iter().map(|t| t.spec.id.as_str()).collect();
+    assert_eq!(ids, ["task-2", "task-1"], "newest first");
+    let pending = store.pending_tasks(10).await.unwrap();
+    assert_eq!(pending[0].spec.id, "task-1", "queue is oldest first");
+
+    // Assignment, guarded by state and attempt.
+    let explanation =
+        serde_json::json!({"policy": "test", "summary": "only node", "alternatives": []});
+    assert!(store
+        .assign_task("task-1", 1, "node-a", 2, &explanation, 3_000)
+        .await
+        .unwrap());
+    assert!(
+        !store
+            .assign_task("task-1", 1, "node-b", 2, &explanation, 3_001)
+            .await
+            .unwrap(),
+        "a task is assigned once per attempt"
+    );
+    let assigned = store.task("task-1").await.unwrap().unwrap();
+    assert_eq!(assigned.status, TaskStatus::Assigned);
+    assert_eq!(assigned.node_id.as_deref(), Some("node-a"));
+    assert_eq!(assigned.power_level, Some(2));
+    assert_eq!(assigned.explanation, Some(explanation.clone()));
+    assert_eq!(store.in_flight_tasks(10).await.unwrap().len(), 1);
+
+    // Events: recorded once whatever the redeliveries.
+    let running = event("task-1", 1, "node-a", TaskState::Running);
+    assert_eq!(
+        store
+            .record_event(&running, 3_100, MAX_ATTEMPTS)
+            .await
+            .unwrap(),
+        EventOutcome::Recorded {
+            status: TaskStatus::Running,
+            changed: true
+        }
+    );
+    assert_eq!(
+        store
+            .record_event(&running, 3_150, MAX_ATTEMPTS)
+            .await
+            .unwrap(),
+        EventOutcome::Duplicate
+    );
+    let mut done = event("task-1", 1, "node-a", TaskState::Succeeded);
+    done.output = b"42\n".to_vec();
+    done.exit_code = Some(0);
+    for _ in 0..3 {
+        store
+            .record_event(&done, 3_200, MAX_ATTEMPTS)
+            .await
+            .unwrap();
+    }
+    // A stale failure for the same attempt after success changes nothing.
+    let late = TaskEvent::failed(
+        TaskId::new("task-1").unwrap(),
+        1,
+        NodeId::new("node-a").unwrap(),
+        FailureReason::Trap,
+        "late",
+    );
+    assert_eq!(
+        store
+            .record_event(&late, 3_300, MAX_ATTEMPTS)
+            .await
+            .unwrap(),
+        EventOutcome::Recorded {
+            status: TaskStatus::Succeeded,
+            changed: false
+        }
+    );
+    let finished = store.task("task-1").await.unwrap().unwrap();
+    assert_eq!(finished.status, TaskStatus::Succeeded);
+    assert_eq!(finished.output.as_deref(), Some(&b"42\n"[..]));
+    assert_eq!(finished.exit_code, Some(0));
+    let events = store.events("task-1").await.unwrap();
+    let states: Vec<_> = events.iter().map(|e| e.state.as_str()).collect();
+    assert_eq!(
+        states,
+        ["running", "succeeded", "failed"],
+        "one row per attempt and state"
+    );
+    let attempts = store.attempts("task-1").await.unwrap();
+    assert_eq!(attempts.len(), 1);
+    assert_eq!(attempts[0].state, "succeeded");
+
+    // Unknown tasks change nothing.
+    assert_eq!(
+        store
+            .record_event(
+                &event("ghost", 1, "node-a", TaskState::Running),
+                4_000,
+                MAX_ATTEMPTS
+            )
+            .await
+            .unwrap(),
+        EventOutcome::UnknownTask
+    );
+
+    // A node going offline: the task is retried until attempts run out.
+    for attempt in 1..=MAX_ATTEMPTS {
+        assert!(store
+            .assign_task("task-2", attempt, "node-b", 0, &explanation, 5_000)
+            .await
+            .unwrap());
+        let lost = store
+            .requeue_node_tasks("node-b", MAX_ATTEMPTS, 5_100)
+            .await
+            .unwrap();
+        assert_eq!(lost.len(), 1);
+        let expected = if attempt < MAX_ATTEMPTS {
+            TaskStatus::Pending
+        } else {
+            TaskStatus::Failed
+        };
+        assert_eq!(lost[0].status, expected);
+        assert_eq!(
+            store.task("task-2").await.unwrap().unwrap().status,
+            expected
+        );
+    }
+    let failed = store.task("task-2").await.unwrap().unwrap();
+    assert_eq!(failed.failure_reason.as_deref(), Some("node_lost"));
+    assert_eq!(
+        store.attempts("task-2").await.unwrap().len(),
+        MAX_ATTEMPTS as usize
+    );
+    assert!(store
+        .requeue_node_tasks("node-b", MAX_ATTEMPTS, 5_200)
+        .await
+        .unwrap()
+        .is_empty());
+
+    // Cancel: pending at once, running through the node, ended is a conflict.
+    store
+        .insert_task(&new_task("task-3", digest, 6_000))
+        .await
+        .unwrap();
+    assert_eq!(
+        store.request_cancel("task-3", 6_100).await.unwrap(),
+        CancelOutcome::Cancelled
+    );
+    store
+        .insert_task(&new_task("task-4", digest, 7_000))
+        .await
+        .unwrap();
+    assert!(store
+        .assign_task("task-4", 1, "node-c", 1, &explanation, 7_100)
+        .await
+        .unwrap());
+    assert_eq!(
+        store.request_cancel("task-4", 7_200).await.unwrap(),
+        CancelOutcome::SendCancel {
+            node_id: "node-c".into(),
+            attempt: 1
+        }
+    );
+    store
+        .record_event(
+            &event("task-4", 1, "node-c", TaskState::Cancelled),
+            7_300,
+            MAX_ATTEMPTS,
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        store.request_cancel("task-4", 7_400).await.unwrap(),
+        CancelOutcome::AlreadyEnded(TaskStatus::Cancelled)
+    );
+    assert_eq!(
+        store.request_cancel("ghost", 7_500).await.unwrap(),
+        CancelOutcome::NotFound
+    );
+
+    // An agent too busy to run it: back to pending for another attempt.
+    store
+        .insert_task(&new_task("task-5", digest, 8_000))
+        .await
+        .unwrap();
+    assert!(store
+        .assign_task("task-5", 1, "node-d", 0, &explanation, 8_100)
+        .await
+        .unwrap());
+    let busy = TaskEvent::failed(
+        TaskId::new("task-5").unwrap(),
+        1,
+        NodeId::new("node-d").unwrap(),
+        FailureReason::AgentBusy,
+        "shutting down",
+    );
+    store
+        .record_event(&busy, 8_200, MAX_ATTEMPTS)
+        .await
+        .unwrap();
+    let retried = store.task("task-5").await.unwrap().unwrap();
+    assert_eq!(retried.status, TaskStatus::Pending);
+    assert_eq!(retried.attempt, 1);
+
+    let filtered = store
+        .list_tasks(Some(TaskStatus::Cancelled), 10)
+        .await
+        .unwrap();
+    let ids: Vec<_> = filtered.iter().map(|t| t.spec.id.as_str()).collect();
+    assert_eq!(ids, ["task-4", "task-3"]);
+}
+
+#[tokio::test]
+async fn sqlite_store_round_trips() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!(
+        "sqlite://{}",
+        dir.path().join("nested/starling.db").display()
+    );
+    std::fs::create_dir_all(dir.path().join("nested")).unwrap();
+    let store = Store::open(&url).await.unwrap();
+    assert_eq!(store.backend_name(), "sqlite");
+    exercise(&store).await;
+    store.close().await;
+    // Reopening runs the migrations again without harm and keeps the data.
+    let again = Store::open(&url).await.unwrap();
+    assert_eq!(again.list_tasks(None, 100).await.unwrap().len(), 5);
+    again.close().await;
+}
+
+#[tokio::test]
+async fn postgres_store_round_trips() {
+    let db = common::PostgresDb::create().await;
+    let store = Store::open(&db.url).await.unwrap();
+    assert_eq!(store.backend_name(), "postgres");
+    exercise(&store).await;
+    store.close().await;
+    let again = Store::open(&db.url).await.unwrap();
+    assert_eq!(again.list_tasks(None, 100).await.unwrap().len(), 5);
+    again.close().await;
+    db.drop_database().await;
+}
+
+#[tokio::test]
+async fn unreachable_or_unsupported_databases_are_reported() {
+    let error = Store::open("mysql://x").await.unwrap_err().to_string();
+    assert!(error.contains("--db"), "{error}");
+    let port = common::free_port();
+    let error = Store::open(&format!("postgres://postgres:pw@127.0.0.1:{port}/x"))
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(error.contains("cannot open database"), "{error}");
+    assert!(!error.contains("pw@"), "password must not leak: {error}");
+}
