@@ -31,28 +31,40 @@ fn target_dir() -> PathBuf {
         .unwrap_or_else(|| workspace_root().join("target"))
 }
 
+/// Whether this test or benchmark was built with the release profile; the
+/// binaries under test are then built and taken from the same profile.
+fn release() -> bool {
+    std::env::current_exe()
+        .map(|p| p.components().any(|c| c.as_os_str() == "release"))
+        .unwrap_or(false)
+}
+
 static BUILD: Once = Once::new();
 
 /// The path of one of the workspace's binaries, built on first use.
 pub fn binary(name: &str) -> PathBuf {
     BUILD.call_once(|| {
         let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-        let status = Command::new(cargo)
-            .current_dir(workspace_root())
-            .args([
-                "build",
-                "--quiet",
-                "-p",
-                "starling-agent",
-                "-p",
-                "starling-coordinator",
-                "--bins",
-            ])
+        let mut command = Command::new(cargo);
+        command.current_dir(workspace_root()).args([
+            "build",
+            "--quiet",
+            "-p",
+            "starling-agent",
+            "-p",
+            "starling-coordinator",
+            "--bins",
+        ]);
+        if release() {
+            command.arg("--release");
+        }
+        let status = command
             .status()
             .expect("run cargo build for the binaries under test");
         assert!(status.success(), "building the binaries under test failed");
     });
-    let path = target_dir().join("debug").join(name);
+    let profile = if release() { "release" } else { "debug" };
+    let path = target_dir().join(profile).join(name);
     assert!(path.exists(), "{} was not built", path.display());
     path
 }
