@@ -1,4 +1,22 @@
 //! Starling's edge agent: probes the device, talks MQTT with the coordinator,
 //! and runs verified wasm tasks under limits.
+//!
+//! The pieces, from the outside in: [`agent`] is the I/O loop (MQTT
+//! connection, telemetry timer, runners); [`session`] is the protocol logic it
+//! drives, without I/O; [`runner`] takes one attempt from assignment to final
+//! event; [`artifact`] fetches and caches modules by digest; [`wasm`] runs them
+//! under limits; [`probe`] and [`telemetry`] describe the device; [`config`]
+//! merges flags, environment, file and defaults.
 
+pub mod agent;
+pub mod artifact;
+pub mod config;
+pub mod probe;
+pub mod runner;
+pub mod session;
+pub mod telemetry;
 pub mod wasm;
+
+pub use agent::{run, AgentError};
+pub use config::{AgentConfig, ConfigError, ConfigLayer};
+pub use probe::{probe, ProbeError};

@@ -1,0 +1,578 @@
+//! The agent's configuration: defaults, a TOML file, environment variables and
+//! flags, merged with the precedence flags > env > file > defaults. The binary
+//! turns flags and env into one [`ConfigLayer`] (clap reads both), the file into
+//! another, and [`AgentConfig::from_layers`] merges them.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::Deserialize;
+use starling_proto::limits::{MAX_LABELS, NODE_ID_LEN};
+use starling_proto::{Label, NodeId};
+
+/// The broker an agent uses unless told otherwise.
+pub const DEFAULT_BROKER: &str = "mqtt://127.0.0.1:1883";
+
+/// Where the agent keeps its cache unless told otherwise.
+pub const DEFAULT_DATA_DIR: &str = "./.starling/agent";
+
+/// Everything the agent needs to run.
+#[derive(Debug, Clone, PartialEq)]
+pub struct AgentConfig {
+    /// MQTT broker URL: `mqtt://host:port` (also `tcp://`, or bare `host[:port]`).
+    pub broker: String,
+    /// The node id; derived from `/etc/machine-id` and the host name when absent.
+    pub node_id: Option<String>,
+    /// Directory for the module cache and the I/O measurement.
+    pub data_dir: PathBuf,
+    /// Operator labels, published in the capability.
+    pub labels: Vec<Label>,
+    /// How often telemetry is published.
+    pub telemetry_interval: Duration,
+    /// MQTT topic prefix.
+    pub topic_prefix: String,
+    /// How many tasks run at once; more are queued.
+    pub max_tasks: usize,
+    /// Measure the data dir's disk with a short sequential write and read at start.
+    pub measure_io: bool,
+    /// Disk rates the operator declares for the data dir's disk, in MB/s (read, write).
+    pub declared_io_mbps: Option<(f32, f32)>,
+    /// MQTT keep-alive; pings double as round-trip measurements toward the broker.
+    pub keep_alive: Duration,
+    /// Largest module the agent downloads, in bytes.
+    pub max_artifact_bytes: u64,
+}
+
+impl Default for AgentConfig {
+    fn default() -> Self {
+        Self {
+            broker: DEFAULT_BROKER.to_owned(),
+            node_id: None,
+            data_dir: PathBuf::from(DEFAULT_DATA_DIR),
+            labels: Vec::new(),
+            telemetry_interval: Duration::from_secs(1),
+            topic_prefix: starling_proto::topic::DEFAULT_PREFIX.to_owned(),
+            max_tasks: std::thread::available_parallelism()
+                .map(usize::from)
+                .unwrap_or(1),
+            measure_io: false,
+            declared_io_mbps: None,
+            keep_alive: Duration::from_secs(5),
+            max_artifact_bytes: 64 * 1024 * 1024,
+        }
+    }
+}
+
+/// Why a configuration was refused.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// The config file could not be read.
+    #[error("cannot read config file {path}: {source}")]
+    ReadFile {
+        /// The file.
+        path: PathBuf,
+        /// The OS error.
+        source: std::io::Error,
+    },
+    /// The config file is not valid TOML for the agent.
+    #[error("config file {path} is invalid: {detail}")]
+    ParseFile {
+        /// The file.
+        path: PathBuf,
+        /// What the parser said.
+        detail: String,
+    },
+    /// A label is malformed.
+    #[error("invalid label {text:?}: {source}; write labels as key=value,key=value")]
+    Label {
+        /// The label as given.
+        text: String,
+        /// Why it is invalid.
+        source: starling_proto::IdError,
+    },
+    /// Too many labels.
+    #[error("{count} labels given; at most {MAX_LABELS} are allowed")]
+    TooManyLabels {
+        /// How many were given.
+        count: usize,
+    },
+    /// A duration is malformed.
+    #[error("invalid duration {text:?}: write a number with a unit, like 500ms, 1s or 2m")]
+    Duration {
+        /// The duration as given.
+        text: String,
+    },
+    /// The broker URL is malformed.
+    #[error("invalid broker URL {url:?}: {detail}; write mqtt://host:port")]
+    Broker {
+        /// The URL as given.
+        url: String,
+        /// What was wrong.
+        detail: String,
+    },
+    /// The node id is malformed.
+    #[error("invalid node id {id:?}: {source}")]
+    NodeId {
+        /// The id as given.
+        id: String,
+        /// Why it is invalid.
+        source: starling_proto::IdError,
+    },
+    /// A numeric setting is out of range.
+    #[error("{setting} must be {requirement}")]
+    OutOfRange {
+        /// The setting.
+        setting: &'static str,
+        /// What it must be.
+        requirement: &'static str,
+    },
+    /// The topic prefix is malformed.
+    #[error(transparent)]
+    TopicPrefix(#[from] starling_proto::TopicError),
+}
+
+/// One source of settings (flags and env, or a file); `None` means "not set here".
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct ConfigLayer {
+    /// See [`AgentConfig::broker`].
+    pub broker: Option<String>,
+    /// See [`AgentConfig::node_id`].
+    pub node_id: Option<String>,
+    /// See [`AgentConfig::data_dir`].
+    pub data_dir: Option<PathBuf>,
+    /// See [`AgentConfig::labels`].
+    pub labels: Option<Vec<Label>>,
+    /// See [`AgentConfig::telemetry_interval`].
+    pub telemetry_interval: Option<Duration>,
+    /// See [`AgentConfig::topic_prefix`].
+    pub topic_prefix: Option<String>,
+    /// See [`AgentConfig::max_tasks`].
+    pub max_tasks: Option<usize>,
+    /// See [`AgentConfig::measure_io`].
+    pub measure_io: Option<bool>,
+    /// See [`AgentConfig::declared_io_mbps`].
+    pub declared_io_mbps: Option<(f32, f32)>,
+    /// See [`AgentConfig::keep_alive`].
+    pub keep_alive: Option<Duration>,
+    /// See [`AgentConfig::max_artifact_bytes`].
+    pub max_artifact_bytes: Option<u64>,
+}
+
+/// The TOML file's shape. Every key is optional; unknown keys are refused so a
+/// typo does not silently fall back to a default.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+struct FileConfig {
+    broker: Option<String>,
+    node_id: Option<String>,
+    data_dir: Option<PathBuf>,
+    labels: Option<BTreeMap<String, String>>,
+    telemetry_interval: Option<String>,
+    topic_prefix: Option<String>,
+    max_tasks: Option<usize>,
+    measure_io: Option<bool>,
+    disk_read_mbps: Option<f32>,
+    disk_write_mbps: Option<f32>,
+    keep_alive: Option<String>,
+    max_artifact_bytes: Option<u64>,
+}
+
+impl ConfigLayer {
+    /// Reads a TOML config file, for example:
+    ///
+    /// ```toml
+    /// broker = "mqtt://10.0.0.2:1883"
+    /// data-dir = "/var/lib/starling"
+    /// telemetry-interval = "2s"
+    /// max-tasks = 2
+    /// disk-read-mbps = 90.0
+    /// disk-write-mbps = 40.0
+    /// [labels]
+    /// zone = "kitchen"
+    /// ```
+    pub fn from_file(path: &Path) -> Result<Self, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::ReadFile {
+            path: path.to_owned(),
+            source,
+        })?;
+        Self::from_toml(&text).map_err(|error| match error {
+            ConfigError::ParseFile { detail, .. } => ConfigError::ParseFile {
+                path: path.to_owned(),
+                detail,
+            },
+            other => other,
+        })
+    }
+
+    /// Parses the text of a TOML config file.
+    pub fn from_toml(text: &str) -> Result<Self, ConfigError> {
+        let file: FileConfig = toml::from_str(text).map_err(|e| ConfigError::ParseFile {
+            path: PathBuf::new(),
+            detail: e.message().to_owned(),
+        })?;
+        let labels = file
+            .labels
+            .map(|map| {
+                map.iter()
+                    .map(|(key, value)| {
+                        Label::new(key, value).map_err(|source| ConfigError::Label {
+                            text: format!("{key}={value}"),
+                            source,
+                        })
+                    })
+                    .collect::<Result<Vec<_>, _>>()
+            })
+            .transpose()?;
+        let declared_io_mbps = match (file.disk_read_mbps, file.disk_write_mbps) {
+            (None, None) => None,
+            (read, write) => Some((read.unwrap_or(0.0), write.unwrap_or(0.0))),
+        };
+        Ok(Self {
+            broker: file.broker,
+            node_id: file.node_id,
+            data_dir: file.data_dir,
+            labels,
+            telemetry_interval: file
+                .telemetry_interval
+                .as_deref()
+                .map(parse_duration)
+                .transpose()?,
+            topic_prefix: file.topic_prefix,
+            max_tasks: file.max_tasks,
+            measure_io: file.measure_io,
+            declared_io_mbps,
+            keep_alive: file.keep_alive.as_deref().map(parse_duration).transpose()?,
+            max_artifact_bytes: file.max_artifact_bytes,
+        })
+    }
+}
+
+impl AgentConfig {
+    /// Merges layers, earlier layers winning, over the defaults, and checks the result.
+    pub fn from_layers(layers: &[ConfigLayer]) -> Result<Self, ConfigError> {
+        fn first<T: Clone>(
+            layers: &[ConfigLayer],
+            field: impl Fn(&ConfigLayer) -> &Option<T>,
+        ) -> Option<T> {
+            layers.iter().find_map(|layer| field(layer).clone())
+        }
+        let defaults = Self::default();
+        let config = Self {
+            broker: first(layers, |l| &l.broker).unwrap_or(defaults.broker),
+            node_id: first(layers, |l| &l.node_id).or(defaults.node_id),
+            data_dir: first(layers, |l| &l.data_dir).unwrap_or(defaults.data_dir),
+            labels: first(layers, |l| &l.labels).unwrap_or(defaults.labels),
+            telemetry_interval: first(layers, |l| &l.telemetry_interval)
+                .unwrap_or(defaults.telemetry_interval),
+            topic_prefix: first(layers, |l| &l.topic_prefix).unwrap_or(defaults.topic_prefix),
+            max_tasks: first(layers, |l| &l.max_tasks).unwrap_or(defaults.max_tasks),
+            measure_io: first(layers, |l| &l.measure_io).unwrap_or(defaults.measure_io),
+            declared_io_mbps: first(layers, |l| &l.declared_io_mbps).or(defaults.declared_io_mbps),
+            keep_alive: first(layers, |l| &l.keep_alive).unwrap_or(defaults.keep_alive),
+            max_artifact_bytes: first(layers, |l| &l.max_artifact_bytes)
+                .unwrap_or(defaults.max_artifact_bytes),
+        };
+        config.validate()?;
+        Ok(config)
+    }
+
+    /// Checks the settings that can be wrong independently of the environment.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        BrokerAddress::parse(&self.broker)?;
+        starling_proto::Topics::new(&self.topic_prefix)?;
+        if let Some(id) = &self.node_id {
+            NodeId::new(id).map_err(|source| ConfigError::NodeId {
+                id: id.clone(),
+                source,
+            })?;
+        }
+        if self.labels.len() > MAX_LABELS {
+            return Err(ConfigError::TooManyLabels {
+                count: self.labels.len(),
+            });
+        }
+        if self.max_tasks == 0 {
+            return Err(ConfigError::OutOfRange {
+                setting: "max-tasks",
+                requirement: "at least 1",
+            });
+        }
+        if self.telemetry_interval < Duration::from_millis(10) {
+            return Err(ConfigError::OutOfRange {
+                setting: "telemetry-interval",
+                requirement: "at least 10ms",
+            });
+        }
+        if self.keep_alive < Duration::from_secs(1) {
+            return Err(ConfigError::OutOfRange {
+                setting: "keep-alive",
+                requirement: "at least 1s",
+            });
+        }
+        Ok(())
+    }
+
+    /// The node id: the configured one, or one derived from the machine.
+    pub fn resolved_node_id(&self) -> Result<NodeId, ConfigError> {
+        let id = match &self.node_id {
+            Some(id) => id.clone(),
+            None => derived_node_id(),
+        };
+        NodeId::new(&id).map_err(|source| ConfigError::NodeId { id, source })
+    }
+}
+
+/// Derives a stable node id from the host name and `/etc/machine-id`, keeping
+/// only characters node ids allow.
+pub fn derived_node_id() -> String {
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .ok()
+        .or_else(|| std::env::var("HOSTNAME").ok())
+        .map(|h| h.trim().to_owned())
+        .filter(|h| !h.is_empty());
+    let machine = std::fs::read_to_string("/etc/machine-id")
+        .ok()
+        .map(|m| m.trim().chars().take(8).collect::<String>())
+        .filter(|m| !m.is_empty());
+    let raw = match (host, machine) {
+        (Some(host), Some(machine)) => format!("{host}-{machine}"),
+        (Some(host), None) => host,
+        (None, Some(machine)) => format!("node-{machine}"),
+        (None, None) => "starling-node".to_owned(),
+    };
+    sanitize_node_id(&raw)
+}
+
+/// Replaces characters a node id may not hold with `-` and cuts it to length.
+pub fn sanitize_node_id(raw: &str) -> String {
+    let cleaned: String = raw
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.' | ':') {
+                c
+            } else {
+                '-'
+            }
+        })
+        .take(NODE_ID_LEN)
+        .collect();
+    if cleaned.is_empty() {
+        "starling-node".to_owned()
+    } else {
+        cleaned
+    }
+}
+
+/// Parses `k=v,k=v` labels.
+pub fn parse_labels(text: &str) -> Result<Vec<Label>, ConfigError> {
+    let labels = text
+        .split(',')
+        .map(str::trim)
+        .filter(|part| !part.is_empty())
+        .map(|part| {
+            Label::parse(part).map_err(|source| ConfigError::Label {
+                text: part.to_owned(),
+                source,
+            })
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    if labels.len() > MAX_LABELS {
+        return Err(ConfigError::TooManyLabels {
+            count: labels.len(),
+        });
+    }
+    Ok(labels)
+}
+
+/// Parses `500ms`, `1s`, `1.5s`, `2m`, `1h`; a bare number means seconds.
+pub fn parse_duration(text: &str) -> Result<Duration, ConfigError> {
+    let invalid = || ConfigError::Duration {
+        text: text.to_owned(),
+    };
+    let trimmed = text.trim();
+    let split = trimmed
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(trimmed.len());
+    let (number, unit) = trimmed.split_at(split);
+    let value: f64 = number.parse().map_err(|_| invalid())?;
+    let seconds = match unit.trim() {
+        "ms" => value / 1000.0,
+        "" | "s" => value,
+        "m" | "min" => value * 60.0,
+        "h" => value * 3600.0,
+        _ => return Err(invalid()),
+    };
+    Duration::try_from_secs_f64(seconds).map_err(|_| invalid())
+}
+
+/// Where the broker listens.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BrokerAddress {
+    /// Host name or IP address.
+    pub host: String,
+    /// TCP port.
+    pub port: u16,
+}
+
+impl BrokerAddress {
+    /// Parses `mqtt://host:port`, `tcp://host:port`, `host:port` or `host` (port 1883).
+    pub fn parse(url: &str) -> Result<Self, ConfigError> {
+        let bad = |detail: &str| ConfigError::Broker {
+            url: url.to_owned(),
+            detail: detail.to_owned(),
+        };
+        let rest = match url.split_once("://") {
+            Some(("mqtt" | "tcp", rest)) => rest,
+            Some((scheme, _)) => {
+                return Err(bad(&format!(
+                    "scheme {scheme:?} is not supported (only mqtt:// over TCP)"
+                )))
+            }
+            None => url,
+        };
+        let rest = rest.trim_end_matches('/');
+        if rest.contains('/') || rest.contains('@') {
+            return Err(bad("paths and credentials are not supported"));
+        }
+        let (host, port) = if let Some(bracketed) = rest.strip_prefix('[') {
+            // An IPv6 literal: [::1]:1883
+            let (host, after) = bracketed
+                .split_once(']')
+                .ok_or_else(|| bad("unclosed '[' in an IPv6 address"))?;
+            let port = match after.strip_prefix(':') {
+                Some(port) => Some(port),
+                None if after.is_empty() => None,
+                None => return Err(bad("unexpected text after the IPv6 address")),
+            };
+            (host, port)
+        } else {
+            match rest.rsplit_once(':') {
+                Some((host, port)) => (host, Some(port)),
+                None => (rest, None),
+            }
+        };
+        if host.is_empty() {
+            return Err(bad("the host is missing"));
+        }
+        let port = match port {
+            Some(port) => port
+                .parse::<u16>()
+                .map_err(|_| bad("the port must be a number from 1 to 65535"))?,
+            None => 1883,
+        };
+        if port == 0 {
+            return Err(bad("the port must be a number from 1 to 65535"));
+        }
+        Ok(Self {
+            host: host.to_owned(),
+            port,
+        })
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations_parse_with_units() {
+        assert_eq!(parse_duration("500ms").unwrap(), Duration::from_millis(500));
+        assert_eq!(parse_duration("1s").unwrap(), Duration::from_secs(1));
+        assert_eq!(parse_duration("1.5s").unwrap(), Duration::from_millis(1500));
+        assert_eq!(parse_duration("2m").unwrap(), Duration::from_secs(120));
+        assert_eq!(parse_duration("3").unwrap(), Duration::from_secs(3));
+        assert!(parse_duration("fast").is_err());
+        assert!(parse_duration("1 fortnight").is_err());
+        assert!(parse_duration("").is_err());
+    }
+
+    #[test]
+    fn broker_urls_parse_and_refuse() {
+        let a = BrokerAddress::parse("mqtt://127.0.0.1:1884").unwrap();
+        assert_eq!((a.host.as_str(), a.port), ("127.0.0.1", 1884));
+        let a = BrokerAddress::parse("broker.local").unwrap();
+        assert_eq!((a.host.as_str(), a.port), ("broker.local", 1883));
+        let a = BrokerAddress::parse("tcp://[::1]:9000").unwrap();
+        assert_eq!((a.host.as_str(), a.port), ("::1", 9000));
+        assert!(BrokerAddress::parse("http://x:1").is_err());
+        assert!(BrokerAddress::parse("mqtt://:1883").is_err());
+        assert!(BrokerAddress::parse("mqtt://h:99999").is_err());
+        assert!(BrokerAddress::parse("mqtt://h:0").is_err());
+    }
+
+    #[test]
+    fn labels_parse_and_refuse() {
+        let labels = parse_labels("zone=kitchen, floor=1").unwrap();
+        assert_eq!(labels.len(), 2);
+        assert_eq!(labels[1].to_string(), "floor=1");
+        assert!(parse_labels("").unwrap().is_empty());
+        assert!(matches!(
+            parse_labels("zone"),
+            Err(ConfigError::Label { .. })
+        ));
+        let many: Vec<String> = (0..=MAX_LABELS).map(|i| format!("k{i}=v")).collect();
+        assert!(matches!(
+            parse_labels(&many.join(",")),
+            Err(ConfigError::TooManyLabels { .. })
+        ));
+    }
+
+    #[test]
+    fn layers_merge_flags_over_env_over_file_over_defaults() {
+        let file = ConfigLayer::from_toml(
+            r#"
+            broker = "mqtt://file:1"
+            max-tasks = 3
+            telemetry-interval = "2s"
+            disk-read-mbps = 90.0
+            [labels]
+            zone = "kitchen"
+            "#,
+        )
+        .unwrap();
+        let flags_and_env = ConfigLayer {
+            broker: Some("mqtt://flag:2".into()),
+            ..ConfigLayer::default()
+        };
+        let config = AgentConfig::from_layers(&[flags_and_env, file]).unwrap();
+        assert_eq!(config.broker, "mqtt://flag:2");
+        assert_eq!(config.max_tasks, 3);
+        assert_eq!(config.telemetry_interval, Duration::from_secs(2));
+        assert_eq!(config.declared_io_mbps, Some((90.0, 0.0)));
+        assert_eq!(config.labels[0].to_string(), "zone=kitchen");
+        assert_eq!(config.topic_prefix, "starling/v1");
+    }
+
+    #[test]
+    fn bad_files_and_settings_are_refused() {
+        assert!(matches!(
+            ConfigLayer::from_toml("brokr = \"x\""),
+            Err(ConfigError::ParseFile { .. })
+        ));
+        let zero = ConfigLayer {
+            max_tasks: Some(0),
+            ..ConfigLayer::default()
+        };
+        assert!(matches!(
+            AgentConfig::from_layers(&[zero]),
+            Err(ConfigError::OutOfRange { .. })
+        ));
+        let bad_id = ConfigLayer {
+            node_id: Some("a/b".into()),
+            ..ConfigLayer::default()
+        };
+        assert!(matches!(
+            AgentConfig::from_layers(&[bad_id]),
+            Err(ConfigError::NodeId { .. })
+        ));
+    }
+
+    #[test]
+    fn derived_node_ids_are_valid() {
+        assert!(NodeId::new(&derived_node_id()).is_ok());
+        assert_eq!(sanitize_node_id("my host/1"), "my-host-1");
+        assert_eq!(sanitize_node_id(&"x".repeat(100)).len(), NODE_ID_LEN);
+    }
+}

@@ -1,0 +1,179 @@
+//! `starling-agent`: the edge agent binary. `run` serves tasks; `probe` prints
+//! what this device can do.
+
+use std::path::PathBuf;
+
+use anyhow::Context;
+use clap::{Args, Parser, Subcommand};
+use starling_agent::config::{parse_duration, parse_labels};
+use starling_agent::{AgentConfig, ConfigLayer};
+
+const AFTER_HELP: &str = "\
+Examples:
+  starling-agent probe
+      Print this device's capability report as JSON.
+  starling-agent run --broker mqtt://10.0.0.2:1883 --labels zone=kitchen,floor=1
+      Serve tasks from the broker at 10.0.0.2, with two placement labels.
+  STARLING_BROKER=mqtt://broker:1883 starling-agent run --config /etc/starling/agent.toml
+      Settings come from flags, then STARLING_* variables, then the file, then defaults.
+  starling-agent run --measure-io --max-tasks 2 --telemetry-interval 500ms
+      Measure the data directory's disk at start, run two tasks at once, report twice a second.
+
+Config file (TOML; every key optional):
+  broker = \"mqtt://10.0.0.2:1883\"
+  node-id = \"pi-kitchen\"
+  data-dir = \"/var/lib/starling/agent\"
+  telemetry-interval = \"1s\"
+  max-tasks = 4
+  disk-read-mbps = 90.0
+  disk-write-mbps = 40.0
+  [labels]
+  zone = \"kitchen\"
+
+Logs go to stderr; set RUST_LOG (for example RUST_LOG=debug) for more.";
+
+/// Starling's edge agent: reports this device to a coordinator over MQTT and
+/// runs the wasm tasks it is assigned, verified by digest and under limits.
+#[derive(Debug, Parser)]
+#[command(name = "starling-agent", version, after_help = AFTER_HELP)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Connect to the broker and serve tasks until interrupted (Ctrl-C or SIGTERM).
+    Run(Settings),
+    /// Print this device's capability report (the retained MQTT message) as JSON.
+    Probe(Settings),
+}
+
+#[derive(Debug, Args)]
+struct Settings {
+    /// TOML config file; flags and STARLING_* variables override it.
+    #[arg(long, env = "STARLING_CONFIG", value_name = "FILE")]
+    config: Option<PathBuf>,
+    /// MQTT broker URL [default: mqtt://127.0.0.1:1883].
+    #[arg(long, env = "STARLING_BROKER", value_name = "URL")]
+    broker: Option<String>,
+    /// Node id [default: the host name and /etc/machine-id, sanitized].
+    #[arg(long, env = "STARLING_NODE_ID", value_name = "ID")]
+    node_id: Option<String>,
+    /// Directory for the module cache [default: ./.starling/agent].
+    #[arg(long, env = "STARLING_DATA_DIR", value_name = "DIR")]
+    data_dir: Option<PathBuf>,
+    /// Placement labels, key=value pairs separated by commas.
+    #[arg(long, env = "STARLING_LABELS", value_name = "K=V,...")]
+    labels: Option<String>,
+    /// How often to publish telemetry, like 500ms or 2s [default: 1s].
+    #[arg(long, env = "STARLING_TELEMETRY_INTERVAL", value_name = "DURATION")]
+    telemetry_interval: Option<String>,
+    /// MQTT topic prefix [default: starling/v1].
+    #[arg(long, env = "STARLING_TOPIC_PREFIX", value_name = "PREFIX")]
+    topic_prefix: Option<String>,
+    /// Most tasks run at once; more wait in a queue [default: the number of CPU cores].
+    #[arg(long, env = "STARLING_MAX_TASKS", value_name = "N")]
+    max_tasks: Option<usize>,
+    /// Measure the data directory's disk with a short write and read at start.
+    #[arg(long, env = "STARLING_MEASURE_IO", num_args = 0..=1, default_missing_value = "true",
+          value_name = "BOOL")]
+    measure_io: Option<bool>,
+}
+
+impl Settings {
+    /// Flags and environment (clap has already applied that precedence), then
+    /// the file, then the defaults.
+    fn resolve(&self) -> anyhow::Result<AgentConfig> {
+        let labels = self
+            .labels
+            .as_deref()
+            .map(parse_labels)
+            .transpose()
+            .context("in --labels / STARLING_LABELS")?;
+        let telemetry_interval = self
+            .telemetry_interval
+            .as_deref()
+            .map(parse_duration)
+            .transpose()
+            .context("in --telemetry-interval / STARLING_TELEMETRY_INTERVAL")?;
+        let flags = ConfigLayer {
+            broker: self.broker.clone(),
+            node_id: self.node_id.clone(),
+            data_dir: self.data_dir.clone(),
+            labels,
+            telemetry_interval,
+            topic_prefix: self.topic_prefix.clone(),
+            max_tasks: self.max_tasks,
+            measure_io: self.measure_io,
+            ..ConfigLayer::default()
+        };
+        let mut layers = vec![flags];
+        if let Some(path) = &self.config {
+            layers.push(ConfigLayer::from_file(path)?);
+        }
+        Ok(AgentConfig::from_layers(&layers)?)
+    }
+}
+
+fn main() -> std::process::ExitCode {
+    let cli = Cli::parse();
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    match execute(cli) {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(error) => {
+            // One line an operator can act on, with the causes after colons.
+            eprintln!("starling-agent: {error:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+fn execute(cli: Cli) -> anyhow::Result<()> {
+    match cli.command {
+        Command::Probe(settings) => {
+            let config = settings.resolve()?;
+            let capability = starling_agent::probe(&config)?;
+            println!("{}", serde_json::to_string_pretty(&capability)?);
+            Ok(())
+        }
+        Command::Run(settings) => {
+            let config = settings.resolve()?;
+            let runtime = tokio::runtime::Builder::new_multi_thread()
+                .enable_all()
+                .build()
+                .context("cannot start the async runtime")?;
+            runtime.block_on(starling_agent::run(config, shutdown_signal()))?;
+            Ok(())
+        }
+    }
+}
+
+/// Resolves on Ctrl-C or SIGTERM (systemd's stop).
+async fn shutdown_signal() {
+    let interrupt = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut terminate) => {
+                tokio::select! {
+                    _ = interrupt => {}
+                    _ = terminate.recv() => {}
+                }
+            }
+            Err(_) => {
+                let _ = interrupt.await;
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = interrupt.await;
+    }
+}

@@ -1,0 +1,450 @@
+//! The device probe: what this node is (CPU, memory, disks, network
+//! interfaces, OpenCL devices, power levels), as a [`Capability`].
+//!
+//! Everything is read from the OS through sysinfo and `/sys`; OpenCL devices
+//! come from opencl3 with the ICD loader opened at run time, so a node without
+//! `libOpenCL` simply reports no GPUs.
+
+use std::io::{Read, Write};
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use heapless::Vec as BoundedVec;
+use starling_proto::limits::{MAX_DISKS, MAX_GPUS, MAX_INTERFACES};
+use starling_proto::task::truncate;
+use starling_proto::{
+    Capability, CpuInfo, DiskInfo, GpuDevice, GpuKind, NetInterface, PowerLevel, RateSource,
+    Runtime, PROTOCOL_VERSION,
+};
+
+use crate::config::{AgentConfig, ConfigError};
+
+/// Why the device could not be probed.
+#[derive(Debug, thiserror::Error)]
+pub enum ProbeError {
+    /// The configuration is invalid (node id, labels).
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    /// The data directory could not be created.
+    #[error("cannot create the data directory {path}: {source}; pass a writable --data-dir")]
+    DataDir {
+        /// The directory.
+        path: PathBuf,
+        /// The OS error.
+        source: std::io::Error,
+    },
+    /// The disk measurement failed.
+    #[error(
+        "cannot measure disk I/O in {path}: {source}; drop --measure-io or fix the data directory"
+    )]
+    MeasureIo {
+        /// The file used for the measurement.
+        path: PathBuf,
+        /// The OS error.
+        source: std::io::Error,
+    },
+}
+
+/// Bytes written and read back by `--measure-io`.
+pub const IO_PROBE_BYTES: usize = 8 * 1024 * 1024;
+
+/// Probes the device.
+pub fn probe(config: &AgentConfig) -> Result<Capability, ProbeError> {
+    config.validate()?;
+    let node_id = config.resolved_node_id()?;
+    std::fs::create_dir_all(&config.data_dir).map_err(|source| ProbeError::DataDir {
+        path: config.data_dir.clone(),
+        source,
+    })?;
+
+    let cpu = cpu_info();
+    let memory_bytes = sysinfo::System::new()
+        .map(|mut system| {
+            system.refresh_memory();
+            system.total_memory()
+        })
+        .unwrap_or(0);
+    let data_dir_rate = if let Some((read, write)) = config.declared_io_mbps {
+        Some((read, write, RateSource::Declared))
+    } else if config.measure_io {
+        let (read, write) = measure_io(&config.data_dir)?;
+        Some((read, write, RateSource::Measured))
+    } else {
+        None
+    };
+    let disks = disks(&config.data_dir, data_dir_rate);
+    let gpus = opencl_devices();
+
+    let mut runtimes = BoundedVec::new();
+    let _ = runtimes.push(Runtime::Wasm);
+    if !gpus.is_empty() {
+        let _ = runtimes.push(Runtime::Opencl);
+    }
+    let mut labels = BoundedVec::new();
+    for label in &config.labels {
+        // `validate` has checked the count against the bound.
+        let _ = labels.push(label.clone());
+    }
+    Ok(Capability {
+        v: PROTOCOL_VERSION,
+        node_id,
+        agent_version: truncate(env!("CARGO_PKG_VERSION")),
+        arch: truncate(std::env::consts::ARCH),
+        os: truncate(&os_text()),
+        power_levels: power_levels(&cpu),
+        cpu,
+        memory_bytes,
+        gpus,
+        disks,
+        interfaces: interfaces(),
+        labels,
+        runtimes,
+    })
+}
+
+fn os_text() -> String {
+    sysinfo::System::long_os_version()
+        .or_else(|_| sysinfo::System::name())
+        .unwrap_or_else(|_| std::env::consts::OS.to_owned())
+}
+
+fn read_khz(path: &str) -> Option<u32> {
+    std::fs::read_to_string(path).ok()?.trim().parse().ok()
+}
+
+/// The CPU frequency range in MHz from cpufreq, when the kernel exposes it.
+fn cpufreq_range_mhz() -> Option<(u32, u32)> {
+    let min = read_khz("/sys/devices/system/cpu/cpu0/cpufreq/cpuinfo_min_freq")?;
+    let max = read_khz("/sys/devices/system/cpu/cpu0/cpufreq/cpuinfo_max_freq")?;
+    (max > 0).then_some((min / 1000, max / 1000))
+}
+
+fn cpu_info() -> CpuInfo {
+    let mut model = String::new();
+    let mut cores = 0usize;
+    let mut current_mhz = 0u64;
+    if let Ok(mut system) = sysinfo::System::new() {
+        system.refresh_cpu_all();
+        let cpus = system.cpus();
+        cores = cpus.len();
+        if let Some(first) = cpus.first() {
+            model = first.brand().trim().to_owned();
+        }
+        current_mhz = cpus.iter().map(|c| c.frequency()).max().unwrap_or(0);
+    }
+    if cores == 0 {
+        cores = std::thread::available_parallelism()
+            .map(usize::from)
+            .unwrap_or(1);
+    }
+    if model.is_empty() {
+        model = std::env::consts::ARCH.to_owned();
+    }
+    let (min_mhz, max_mhz) =
+        cpufreq_range_mhz().unwrap_or((0, u32::try_from(current_mhz).unwrap_or(0)));
+    CpuInfo {
+        model: truncate(&model),
+        cores: u16::try_from(cores).unwrap_or(u16::MAX),
+        min_mhz,
+        max_mhz,
+    }
+}
+
+/// The power model used for every level, real or synthetic.
+///
+/// Assumption (documented because nothing on a generic Linux box measures
+/// power): dynamic CPU power follows P = C·V²·f with voltage roughly
+/// proportional to frequency, so it scales with the cube of the speed factor.
+/// At full speed each core draws [`ACTIVE_WATTS_PER_CORE`] above idle; idle
+/// power is a board base of [`IDLE_BASE_WATTS`] plus [`IDLE_WATTS_PER_CORE`]
+/// per core, of which 30% scales with V² (leakage) and the rest does not.
+/// The figures sit between a Raspberry Pi (≈0.5 W/core) and a laptop core
+/// (≈5 W); they rank levels correctly, which is what placement needs.
+pub fn power_level(level: u8, name: &str, speed_factor: f32, cores: u16) -> PowerLevel {
+    let cores = f32::from(cores.max(1));
+    let idle_full = IDLE_BASE_WATTS + IDLE_WATTS_PER_CORE * cores;
+    let idle_watts = idle_full * (0.7 + 0.3 * speed_factor * speed_factor);
+    let active_watts = idle_watts + ACTIVE_WATTS_PER_CORE * cores * speed_factor.powi(3);
+    PowerLevel {
+        level,
+        name: truncate(name),
+        speed_factor,
+        idle_watts,
+        active_watts,
+    }
+}
+
+/// Board power when idle, independent of core count (W).
+pub const IDLE_BASE_WATTS: f32 = 1.0;
+/// Idle power per core at full speed (W).
+pub const IDLE_WATTS_PER_CORE: f32 = 0.25;
+/// Extra power per fully busy core at full speed (W).
+pub const ACTIVE_WATTS_PER_CORE: f32 = 3.0;
+
+/// Three levels: from the cpufreq range when readable, otherwise synthetic
+/// speed factors 0.5 / 0.75 / 1.0 of the CPU's top frequency.
+fn power_levels(
+    cpu: &CpuInfo,
+) -> BoundedVec<PowerLevel, { starling_proto::limits::MAX_POWER_LEVELS }> {
+    let speeds: [f32; 3] = match cpufreq_range_mhz() {
+        Some((min, max)) if min > 0 && min < max => {
+            let low = min as f32 / max as f32;
+            [low, (low + 1.0) / 2.0, 1.0]
+        }
+        _ => [0.5, 0.75, 1.0],
+    };
+    let mut levels = BoundedVec::new();
+    for (index, (speed, name)) in speeds
+        .into_iter()
+        .zip(["powersave", "balanced", "performance"])
+        .enumerate()
+    {
+        let _ = levels.push(power_level(index as u8, name, speed, cpu.cores));
+    }
+    levels
+}
+
+/// Writes and reads back [`IO_PROBE_BYTES`] in `dir`, returning MB/s (read, write).
+/// The write is synced to the device; the read is likely served from the page
+/// cache, so it is an upper bound.
+pub fn measure_io(dir: &Path) -> Result<(f32, f32), ProbeError> {
+    let path = dir.join(".starling-io-probe");
+    let io_error = |source| ProbeError::MeasureIo {
+        path: path.clone(),
+        source,
+    };
+    let block = vec![0x5au8; 1024 * 1024];
+    let started = Instant::now();
+    {
+        let mut file = std::fs::File::create(&path).map_err(io_error)?;
+        for _ in 0..IO_PROBE_BYTES / block.len() {
+            file.write_all(&block).map_err(io_error)?;
+        }
+        file.sync_all().map_err(io_error)?;
+    }
+    let write_seconds = started.elapsed().as_secs_f32().max(1e-6);
+    let started = Instant::now();
+    let mut buffer = vec![0u8; block.len()];
+    {
+        let mut file = std::fs::File::open(&path).map_err(io_error)?;
+        while file.read(&mut buffer).map_err(io_error)? > 0 {}
+    }
+    let read_seconds = started.elapsed().as_secs_f32().max(1e-6);
+    let _ = std::fs::remove_file(&path);
+    let megabytes = IO_PROBE_BYTES as f32 / 1_000_000.0;
+    Ok((megabytes / read_seconds, megabytes / write_seconds))
+}
+
+fn disks(
+    data_dir: &Path,
+    data_dir_rate: Option<(f32, f32, RateSource)>,
+) -> BoundedVec<DiskInfo, MAX_DISKS> {
+    let mut out = BoundedVec::new();
+    let Ok(disks) = sysinfo::Disks::new_with_refreshed_list() else {
+        return out;
+    };
+    let data_dir = std::fs::canonicalize(data_dir).unwrap_or_else(|_| data_dir.to_owned());
+    // The disk holding the data dir is the one with the longest matching mount point.
+    let data_disk = disks
+        .iter()
+        .enumerate()
+        .filter(|(_, d)| data_dir.starts_with(d.mount_point()))
+        .max_by_key(|(_, d)| d.mount_point().as_os_str().len())
+        .map(|(index, _)| index);
+    for (index, disk) in disks.iter().enumerate() {
+        let (read_mbps, write_mbps, rate_source) = match (Some(index) == data_disk, data_dir_rate) {
+            (true, Some(rate)) => rate,
+            _ => (0.0, 0.0, RateSource::Unknown),
+        };
+        let info = DiskInfo {
+            name: truncate(&disk.name().to_string_lossy()),
+            mount: truncate(&disk.mount_point().to_string_lossy()),
+            total_bytes: disk.total_space(),
+            available_bytes: disk.available_space(),
+            read_mbps,
+            write_mbps,
+            rate_source,
+        };
+        if out.push(info).is_err() {
+            break;
+        }
+    }
+    out
+}
+
+fn interfaces() -> BoundedVec<NetInterface, MAX_INTERFACES> {
+    let mut out = BoundedVec::new();
+    let Ok(networks) = sysinfo::Networks::new_with_refreshed_list() else {
+        return out;
+    };
+    let mut names: Vec<_> = networks.iter().collect();
+    names.sort_by(|a, b| a.0.cmp(b.0));
+    for (name, data) in names {
+        let name = name.to_string_lossy();
+        if name == "lo" {
+            continue;
+        }
+        let mac = data.mac_address();
+        let interface = NetInterface {
+            name: truncate(&name),
+            mac: (!mac.is_unspecified()).then(|| truncate(&mac.to_string())),
+            speed_mbps: data
+                .receive_link_speed()
+                .map(|bits| u32::try_from(bits / 1_000_000).unwrap_or(u32::MAX)),
+        };
+        if out.push(interface).is_err() {
+            break;
+        }
+    }
+    out
+}
+
+/// OpenCL devices of every platform; empty when there is no OpenCL loader,
+/// no platform, or the platform misbehaves.
+pub fn opencl_devices() -> BoundedVec<GpuDevice, MAX_GPUS> {
+    // A broken ICD can panic inside the bindings; a probe must never take the
+    // agent down, so a panic there counts as "no devices".
+    std::panic::catch_unwind(opencl_devices_unguarded).unwrap_or_default()
+}
+
+fn opencl_devices_unguarded() -> BoundedVec<GpuDevice, MAX_GPUS> {
+    use opencl3::device::{
+        Device, CL_DEVICE_TYPE_ACCELERATOR, CL_DEVICE_TYPE_ALL, CL_DEVICE_TYPE_CPU,
+        CL_DEVICE_TYPE_GPU,
+    };
+    let mut out = BoundedVec::new();
+    let Ok(platforms) = opencl3::platform::get_platforms() else {
+        return out;
+    };
+    for platform in platforms {
+        let platform_name = platform.name().unwrap_or_default();
+        let Ok(device_ids) = platform.get_devices(CL_DEVICE_TYPE_ALL) else {
+            continue;
+        };
+        for id in device_ids {
+            let device = Device::new(id);
+            let device_type = device.dev_type().unwrap_or(0);
+            let kind = if device_type & CL_DEVICE_TYPE_GPU != 0 {
+                GpuKind::Gpu
+            } else if device_type & CL_DEVICE_TYPE_CPU != 0 {
+                GpuKind::Cpu
+            } else if device_type & CL_DEVICE_TYPE_ACCELERATOR != 0 {
+                GpuKind::Accelerator
+            } else {
+                GpuKind::Other
+            };
+            let gpu = GpuDevice {
+                platform: truncate(platform_name.trim()),
+                vendor: truncate(device.vendor().unwrap_or_default().trim()),
+                name: truncate(device.name().unwrap_or_default().trim()),
+                kind,
+                compute_units: device.max_compute_units().unwrap_or(0),
+                memory_bytes: device.global_mem_size().unwrap_or(0),
+                max_clock_mhz: device.max_clock_frequency().unwrap_or(0),
+            };
+            if out.push(gpu).is_err() {
+                return out;
+            }
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn probe_reports_this_machine_and_encodes() {
+        let dir = tempfile::tempdir().unwrap();
+        let config = AgentConfig {
+            node_id: Some("probe-test".into()),
+            data_dir: dir.path().to_owned(),
+            labels: crate::config::parse_labels("zone=lab").unwrap(),
+            ..AgentConfig::default()
+        };
+        let capability = probe(&config).unwrap();
+        assert_eq!(capability.node_id.as_str(), "probe-test");
+        assert!(capability.cpu.cores >= 1);
+        assert!(capability.memory_bytes > 0);
+        assert_eq!(capability.arch.as_str(), std::env::consts::ARCH);
+        assert_eq!(capability.runtimes[0], Runtime::Wasm);
+        assert_eq!(
+            capability.runtimes.contains(&Runtime::Opencl),
+            !capability.gpus.is_empty()
+        );
+        assert_eq!(capability.labels[0].to_string(), "zone=lab");
+        assert_eq!(capability.power_levels.len(), 3);
+        let speeds: Vec<f32> = capability
+            .power_levels
+            .iter()
+            .map(|l| l.speed_factor)
+            .collect();
+        assert!(speeds.windows(2).all(|w| w[0] < w[1]), "{speeds:?}");
+        assert!(capability
+            .power_levels
+            .iter()
+            .all(|l| l.active_watts > l.idle_watts && l.idle_watts > 0.0));
+        assert!(capability
+            .disks
+            .iter()
+            .all(|d| d.rate_source == RateSource::Unknown));
+        let bytes = starling_proto::encode(&capability).unwrap();
+        let back: Capability = starling_proto::decode(&bytes).unwrap();
+        assert_eq!(back, capability);
+    }
+
+    #[test]
+    fn opencl_probe_returns_whatever_is_present() {
+        // PoCL is installed on the development machine; elsewhere the list may
+        // be empty. Either way the call returns, and every device is described.
+        let devices = opencl_devices();
+        for device in &devices {
+            assert!(!device.name.is_empty());
+            assert!(device.compute_units > 0);
+        }
+        if Path::new("/etc/OpenCL/vendors/pocl.icd").exists() {
+            assert!(
+                devices.iter().any(|d| d.kind == GpuKind::Cpu),
+                "{devices:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn measured_and_declared_rates_land_on_the_data_dir_disk() {
+        let dir = tempfile::tempdir().unwrap();
+        let (read, write) = measure_io(dir.path()).unwrap();
+        assert!(read > 0.0 && write > 0.0);
+        assert!(!dir.path().join(".starling-io-probe").exists());
+        let config = AgentConfig {
+            node_id: Some("io-test".into()),
+            data_dir: dir.path().to_owned(),
+            declared_io_mbps: Some((120.0, 45.0)),
+            ..AgentConfig::default()
+        };
+        let capability = probe(&config).unwrap();
+        if !capability.disks.is_empty() {
+            let declared: Vec<_> = capability
+                .disks
+                .iter()
+                .filter(|d| d.rate_source == RateSource::Declared)
+                .collect();
+            assert_eq!(declared.len(), 1, "{:?}", capability.disks);
+            assert_eq!(
+                (declared[0].read_mbps, declared[0].write_mbps),
+                (120.0, 45.0)
+            );
+        }
+    }
+
+    #[test]
+    fn power_model_is_monotonic_in_speed() {
+        let slow = power_level(0, "powersave", 0.5, 4);
+        let fast = power_level(2, "performance", 1.0, 4);
+        assert!(slow.active_watts < fast.active_watts);
+        assert!(slow.idle_watts <= fast.idle_watts);
+        assert!((fast.active_watts - fast.idle_watts - 12.0).abs() < 1e-3);
+    }
+}

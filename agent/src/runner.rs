@@ -1,0 +1,313 @@
+//! Runs one attempt from assignment to final event: waits for a slot, fetches
+//! and verifies the module, compiles it (or takes it from the in-memory module
+//! cache), executes it on a blocking thread, and reports each step as a
+//! [`TaskEvent`] sent back to the I/O loop.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Instant;
+
+use starling_proto::limits::MAX_INLINE_OUTPUT_BYTES;
+use starling_proto::{
+    Assignment, Digest, ExecLimits, ExecMetrics, FailureReason, NodeId, TaskEvent, TaskState,
+};
+use tokio::sync::{mpsc, Semaphore};
+
+use crate::artifact::ArtifactStore;
+use crate::telemetry::TaskCounts;
+use crate::wasm::{CompiledModule, ExecError, RunRequest, WasmExecutor};
+
+/// How many compiled modules are kept in memory.
+const COMPILED_MODULES_KEPT: usize = 32;
+
+/// Live task counts, shared with telemetry.
+#[derive(Debug, Default)]
+pub struct Counters {
+    running: AtomicUsize,
+    queued: AtomicUsize,
+    executions: AtomicUsize,
+}
+
+impl Counters {
+    /// The counts now.
+    pub fn snapshot(&self) -> TaskCounts {
+        TaskCounts {
+            running: self.running.load(Ordering::SeqCst),
+            queued: self.queued.load(Ordering::SeqCst),
+        }
+    }
+
+    /// How many module executions have started since the agent began.
+    pub fn executions(&self) -> usize {
+        self.executions.load(Ordering::SeqCst)
+    }
+}
+
+/// Decrements a counter when dropped, so every exit path keeps counts right.
+struct CountGuard<'a>(&'a AtomicUsize);
+
+impl<'a> CountGuard<'a> {
+    fn enter(counter: &'a AtomicUsize) -> Self {
+        counter.fetch_add(1, Ordering::SeqCst);
+        Self(counter)
+    }
+}
+
+impl Drop for CountGuard<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// Shared state of all attempts on this agent.
+pub struct Runner {
+    node_id: NodeId,
+    executor: Arc<WasmExecutor>,
+    artifacts: ArtifactStore,
+    slots: Semaphore,
+    counters: Arc<Counters>,
+    compiled: Mutex<HashMap<Digest, CompiledModule>>,
+    power_level: AtomicU8,
+    events: mpsc::UnboundedSender<TaskEvent>,
+}
+
+impl std::fmt::Debug for Runner {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Runner")
+            .field("node_id", &self.node_id)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Runner {
+    /// A runner allowing `max_tasks` concurrent executions, reporting on `events`.
+    pub fn new(
+        node_id: NodeId,
+        executor: Arc<WasmExecutor>,
+        artifacts: ArtifactStore,
+        max_tasks: usize,
+        initial_power_level: u8,
+        events: mpsc::UnboundedSender<TaskEvent>,
+    ) -> Self {
+        Self {
+            node_id,
+            executor,
+            artifacts,
+            slots: Semaphore::new(max_tasks.max(1)),
+            counters: Arc::new(Counters::default()),
+            compiled: Mutex::new(HashMap::new()),
+            power_level: AtomicU8::new(initial_power_level),
+            events,
+        }
+    }
+
+    /// The live task counts.
+    pub fn counters(&self) -> Arc<Counters> {
+        Arc::clone(&self.counters)
+    }
+
+    /// The power level of the most recently started attempt.
+    pub fn power_level(&self) -> u8 {
+        self.power_level.load(Ordering::SeqCst)
+    }
+
+    fn send(&self, event: TaskEvent) {
+        // The receiver lives as long as the agent; after shutdown there is
+        // nobody left to tell.
+        let _ = self.events.send(event);
+    }
+
+    fn state_event(&self, assignment: &Assignment, state: TaskState) -> TaskEvent {
+        TaskEvent::state(
+            assignment.task_id.clone(),
+            assignment.attempt,
+            self.node_id.clone(),
+            state,
+        )
+    }
+
+    fn failed_event(
+        &self,
+        assignment: &Assignment,
+        reason: FailureReason,
+        message: &str,
+        metrics: Option<ExecMetrics>,
+    ) -> TaskEvent {
+        let mut event = TaskEvent::failed(
+            assignment.task_id.clone(),
+            assignment.attempt,
+            self.node_id.clone(),
+            reason,
+            message,
+        );
+        event.metrics = metrics;
+        event
+    }
+
+    /// Runs one attempt to its final event. The accepted event has already
+    /// been published by the session.
+    pub async fn run_attempt(self: Arc<Self>, assignment: Assignment, cancel: Arc<AtomicBool>) {
+        let final_event = {
+            let queued = CountGuard::enter(&self.counters.queued);
+            let permit = self.slots.acquire().await;
+            drop(queued);
+            let _running = CountGuard::enter(&self.counters.running);
+            match permit {
+                Ok(_permit) => self.execute(&assignment, &cancel).await,
+                Err(_) => self.failed_event(
+                    &assignment,
+                    FailureReason::AgentBusy,
+                    "the agent is shutting down",
+                    None,
+                ),
+            }
+        };
+        tracing::info!(task = %assignment.task_id, attempt = assignment.attempt,
+            state = ?final_event.state, reason = ?final_event.reason, "attempt finished");
+        self.send(final_event);
+    }
+
+    async fn execute(&self, assignment: &Assignment, cancel: &Arc<AtomicBool>) -> TaskEvent {
+        if cancel.load(Ordering::SeqCst) {
+            return self.state_event(assignment, TaskState::Cancelled);
+        }
+        let url = assignment.artifact_url.as_str();
+        let fetched = match self.artifacts.get(&assignment.artifact, url).await {
+            Ok(fetched) => fetched,
+            Err(error) => {
+                return self.failed_event(
+                    assignment,
+                    error.failure_reason(),
+                    &error.to_string(),
+                    None,
+                )
+            }
+        };
+        let module = match self
+            .compiled_module(&assignment.artifact, fetched.bytes)
+            .await
+        {
+            Ok(module) => module,
+            Err(error) => {
+                return self.failed_event(
+                    assignment,
+                    error.failure_reason(),
+                    &error.to_string(),
+                    None,
+                )
+            }
+        };
+        if cancel.load(Ordering::SeqCst) {
+            return self.state_event(assignment, TaskState::Cancelled);
+        }
+
+        self.power_level
+            .store(assignment.power_level, Ordering::SeqCst);
+        self.send(self.state_event(assignment, TaskState::Running));
+        self.counters.executions.fetch_add(1, Ordering::SeqCst);
+
+        // Output travels inline in the event, so it can never exceed the
+        // inline bound, whatever the assignment allows.
+        let limits = ExecLimits {
+            output_bytes: assignment
+                .limits
+                .output_bytes
+                .min(MAX_INLINE_OUTPUT_BYTES as u64),
+            ..assignment.limits
+        };
+        let executor = Arc::clone(&self.executor);
+        let program_name = assignment.task_id.to_string();
+        let input = assignment.input.clone();
+        let args: Vec<String> = assignment.args.iter().map(|a| a.to_string()).collect();
+        let run_cancel = Arc::clone(cancel);
+        let run_module = module.clone();
+        let started = Instant::now();
+        let result = tokio::task::spawn_blocking(move || {
+            executor.run_request(
+                &run_module,
+                RunRequest {
+                    program_name: &program_name,
+                    input: &input,
+                    args: &args,
+                    limits: &limits,
+                    cancel: Some(run_cancel),
+                },
+            )
+        })
+        .await;
+        let wall_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
+        let compile_ms = u64::try_from(module.compile_time.as_millis()).unwrap_or(u64::MAX);
+        let cache_hit = fetched.cache_hit;
+        match result {
+            Ok(Ok(outcome)) => {
+                let mut event = self.state_event(assignment, TaskState::Succeeded);
+                event.output = outcome.output;
+                event.exit_code = Some(outcome.exit_code);
+                event.metrics = Some(ExecMetrics {
+                    compile_ms,
+                    cache_hit,
+                    ..outcome.metrics
+                });
+                event
+            }
+            Ok(Err(ExecError::Cancelled)) => self.state_event(assignment, TaskState::Cancelled),
+            Ok(Err(error)) => {
+                let metrics = ExecMetrics {
+                    wall_ms,
+                    compile_ms,
+                    peak_memory_bytes: 0,
+                    cache_hit,
+                };
+                let mut event = self.failed_event(
+                    assignment,
+                    error.failure_reason(),
+                    &error.to_string(),
+                    Some(metrics),
+                );
+                if let ExecError::ExitCode { code, output, .. } = error {
+                    event.exit_code = Some(code);
+                    event.output = output;
+                }
+                event
+            }
+            Err(join_error) => self.failed_event(
+                assignment,
+                FailureReason::Internal,
+                &format!("the execution thread failed: {join_error}"),
+                None,
+            ),
+        }
+    }
+
+    async fn compiled_module(
+        &self,
+        digest: &Digest,
+        bytes: Vec<u8>,
+    ) -> Result<CompiledModule, ExecError> {
+        if let Some(module) = self
+            .compiled
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(digest)
+        {
+            // A cached module costs no compile time this run.
+            let mut module = module.clone();
+            module.compile_time = std::time::Duration::ZERO;
+            return Ok(module);
+        }
+        let executor = Arc::clone(&self.executor);
+        let module = tokio::task::spawn_blocking(move || executor.compile(&bytes))
+            .await
+            .map_err(|e| ExecError::Internal {
+                detail: format!("the compile thread failed: {e}"),
+            })??;
+        let mut compiled = self.compiled.lock().unwrap_or_else(PoisonError::into_inner);
+        if compiled.len() >= COMPILED_MODULES_KEPT {
+            // Crude but bounded: forget everything rather than track recency.
+            compiled.clear();
+        }
+        compiled.insert(*digest, module.clone());
+        Ok(module)
+    }
+}

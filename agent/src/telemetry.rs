@@ -1,0 +1,224 @@
+//! Periodic load reports: CPU load, free memory, disk I/O rates from
+//! `/proc/diskstats` deltas, the link toward the broker, task counts, the
+//! power level in force and an energy estimate integrated from the power
+//! model over the measured load.
+
+use std::time::Instant;
+
+use starling_proto::{LinkState, NodeId, PowerLevel, Telemetry, PROTOCOL_VERSION};
+
+/// Task counts at the moment of a sample.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct TaskCounts {
+    /// Executing now.
+    pub running: usize,
+    /// Accepted and waiting for a slot.
+    pub queued: usize,
+}
+
+/// Cumulative bytes read and written by whole disks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct DiskTotals {
+    read_bytes: u64,
+    written_bytes: u64,
+}
+
+/// Builds successive [`Telemetry`] reports; keeps the state deltas need.
+pub struct TelemetrySampler {
+    node_id: NodeId,
+    system: Option<sysinfo::System>,
+    power_levels: Vec<PowerLevel>,
+    started: Instant,
+    last_sample: Instant,
+    last_disk: Option<DiskTotals>,
+    energy_joules: f64,
+    seq: u64,
+}
+
+impl std::fmt::Debug for TelemetrySampler {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TelemetrySampler")
+            .field("node_id", &self.node_id)
+            .field("seq", &self.seq)
+            .finish_non_exhaustive()
+    }
+}
+
+impl TelemetrySampler {
+    /// A sampler for `node_id` using the capability's power levels.
+    pub fn new(node_id: NodeId, power_levels: Vec<PowerLevel>) -> Self {
+        let mut system = sysinfo::System::new().ok();
+        if let Some(system) = system.as_mut() {
+            // CPU usage is a delta between two refreshes; prime the first.
+            system.refresh_cpu_usage();
+        }
+        let now = Instant::now();
+        Self {
+            node_id,
+            system,
+            power_levels,
+            started: now,
+            last_sample: now,
+            last_disk: read_disk_totals(),
+            energy_joules: 0.0,
+            seq: 0,
+        }
+    }
+
+    /// Samples the node now.
+    pub fn sample(&mut self, counts: TaskCounts, power_level: u8, link: LinkState) -> Telemetry {
+        let now = Instant::now();
+        let elapsed = now.duration_since(self.last_sample).as_secs_f64();
+        self.last_sample = now;
+
+        let (cpu_load, free_memory_bytes) = match self.system.as_mut() {
+            Some(system) => {
+                system.refresh_cpu_usage();
+                system.refresh_memory();
+                (
+                    (system.global_cpu_usage() / 100.0).clamp(0.0, 1.0),
+                    system.available_memory(),
+                )
+            }
+            None => (0.0, 0),
+        };
+
+        let disk = read_disk_totals();
+        let (io_read_bps, io_write_bps) = match (self.last_disk, disk) {
+            (Some(before), Some(after)) if elapsed > 0.0 => (
+                rate(before.read_bytes, after.read_bytes, elapsed),
+                rate(before.written_bytes, after.written_bytes, elapsed),
+            ),
+            _ => (0, 0),
+        };
+        if disk.is_some() {
+            self.last_disk = disk;
+        }
+
+        if let Some(level) = self.level(power_level) {
+            let watts = f64::from(level.idle_watts)
+                + f64::from(level.active_watts - level.idle_watts) * f64::from(cpu_load);
+            self.energy_joules += watts * elapsed;
+        }
+
+        self.seq += 1;
+        Telemetry {
+            v: PROTOCOL_VERSION,
+            node_id: self.node_id.clone(),
+            seq: self.seq,
+            uptime_ms: u64::try_from(now.duration_since(self.started).as_millis())
+                .unwrap_or(u64::MAX),
+            cpu_load,
+            free_memory_bytes,
+            io_read_bps,
+            io_write_bps,
+            link,
+            running_tasks: u16::try_from(counts.running).unwrap_or(u16::MAX),
+            queued_tasks: u16::try_from(counts.queued).unwrap_or(u16::MAX),
+            power_level,
+            energy_joules: self.energy_joules,
+        }
+    }
+
+    fn level(&self, index: u8) -> Option<&PowerLevel> {
+        self.power_levels
+            .iter()
+            .find(|l| l.level == index)
+            .or_else(|| self.power_levels.last())
+    }
+}
+
+fn rate(before: u64, after: u64, seconds: f64) -> u64 {
+    (after.saturating_sub(before) as f64 / seconds) as u64
+}
+
+/// Sums sectors read and written over whole disks (those listed in
+/// `/sys/block`, minus loop and RAM devices) so partitions are not counted twice.
+fn read_disk_totals() -> Option<DiskTotals> {
+    let text = std::fs::read_to_string("/proc/diskstats").ok()?;
+    Some(parse_diskstats(&text, |name| {
+        !name.starts_with("loop")
+            && !name.starts_with("ram")
+            && !name.starts_with("zram")
+            && std::path::Path::new("/sys/block").join(name).exists()
+    }))
+}
+
+/// `/proc/diskstats` counts 512-byte sectors whatever the device's block size.
+const SECTOR_BYTES: u64 = 512;
+
+fn parse_diskstats(text: &str, is_whole_disk: impl Fn(&str) -> bool) -> DiskTotals {
+    let mut totals = DiskTotals {
+        read_bytes: 0,
+        written_bytes: 0,
+    };
+    for line in text.lines() {
+        let fields: Vec<&str> = line.split_whitespace().collect();
+        // major minor name reads merged sectors_read ms writes merged sectors_written ...
+        if fields.len() < 10 || !is_whole_disk(fields[2]) {
+            continue;
+        }
+        let sectors_read: u64 = fields[5].parse().unwrap_or(0);
+        let sectors_written: u64 = fields[9].parse().unwrap_or(0);
+        totals.read_bytes += sectors_read * SECTOR_BYTES;
+        totals.written_bytes += sectors_written * SECTOR_BYTES;
+    }
+    totals
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+mod tests {
+    use super::*;
+    use crate::probe::power_level;
+
+    #[test]
+    fn diskstats_sums_whole_disks_only() {
+        let text = "\
+   8       0 sda 100 0 2000 0 50 0 4000 0 0 0 0
+   8       1 sda1 100 0 2000 0 50 0 4000 0 0 0 0
+   7       0 loop0 9 0 9999 0 9 0 9999 0 0 0 0
+ 259       0 nvme0n1 1 0 10 0 1 0 20 0 0 0 0";
+        let totals = parse_diskstats(text, |name| matches!(name, "sda" | "nvme0n1"));
+        assert_eq!(totals.read_bytes, 2010 * 512);
+        assert_eq!(totals.written_bytes, 4020 * 512);
+    }
+
+    #[test]
+    fn samples_count_up_and_integrate_energy() {
+        let levels = vec![
+            power_level(0, "powersave", 0.5, 2),
+            power_level(1, "performance", 1.0, 2),
+        ];
+        let idle_floor = f64::from(levels[1].idle_watts);
+        let mut sampler = TelemetrySampler::new(NodeId::new("t").unwrap(), levels);
+        let link = LinkState {
+            rtt_ms: Some(1.5),
+            bandwidth_mbps: None,
+            loss: None,
+        };
+        let first = sampler.sample(TaskCounts::default(), 1, link.clone());
+        std::thread::sleep(std::time::Duration::from_millis(200));
+        let second = sampler.sample(
+            TaskCounts {
+                running: 2,
+                queued: 3,
+            },
+            1,
+            link,
+        );
+        assert_eq!((first.seq, second.seq), (1, 2));
+        assert!(second.uptime_ms >= 200);
+        assert_eq!((second.running_tasks, second.queued_tasks), (2, 3));
+        assert!((0.0..=1.0).contains(&second.cpu_load));
+        assert!(second.free_memory_bytes > 0);
+        // At least idle power for the 0.2 s between samples.
+        assert!(
+            second.energy_joules >= idle_floor * 0.2,
+            "{}",
+            second.energy_joules
+        );
+        assert!(second.energy_joules > first.energy_joules);
+        assert_eq!(second.link.rtt_ms, Some(1.5));
+    }
+}

@@ -1,0 +1,158 @@
+//! Test helpers: a real Mosquitto on an ephemeral port, and a tiny HTTP server
+//! that serves modules from memory and counts requests.
+#![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
+
+use std::collections::HashMap;
+use std::net::TcpListener as StdTcpListener;
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpListener;
+
+/// A Mosquitto broker, killed on drop.
+pub struct Mosquitto {
+    pub port: u16,
+    pub url: String,
+    child: Child,
+    _dir: tempfile::TempDir,
+}
+
+impl Mosquitto {
+    pub fn start() -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        // Bind to learn a free port, then hand it to Mosquitto.
+        let port = StdTcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let config = dir.path().join("mosquitto.conf");
+        std::fs::write(
+            &config,
+            format!("listener {port} 127.0.0.1\nallow_anonymous true\npersistence false\n"),
+        )
+        .unwrap();
+        let child = Command::new("/usr/sbin/mosquitto")
+            .arg("-c")
+            .arg(&config)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("spawn /usr/sbin/mosquitto");
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+            assert!(
+                Instant::now() < deadline,
+                "mosquitto did not start on {port}"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        Self {
+            port,
+            url: format!("mqtt://127.0.0.1:{port}"),
+            child,
+            _dir: dir,
+        }
+    }
+}
+
+impl Drop for Mosquitto {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Serves fixed bodies by path; anything else is a 404.
+pub struct HttpServer {
+    pub base: String,
+    routes: Arc<Mutex<HashMap<String, Vec<u8>>>>,
+    hits: Arc<AtomicUsize>,
+}
+
+impl HttpServer {
+    pub async fn start() -> Self {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let base = format!("http://{}", listener.local_addr().unwrap());
+        let routes: Arc<Mutex<HashMap<String, Vec<u8>>>> = Arc::default();
+        let hits = Arc::new(AtomicUsize::new(0));
+        let (task_routes, task_hits) = (Arc::clone(&routes), Arc::clone(&hits));
+        tokio::spawn(async move {
+            loop {
+                let Ok((mut socket, _)) = listener.accept().await else {
+                    return;
+                };
+                let routes = Arc::clone(&task_routes);
+                let hits = Arc::clone(&task_hits);
+                tokio::spawn(async move {
+                    let mut request = Vec::new();
+                    let mut buffer = [0u8; 1024];
+                    while !request.windows(4).any(|w| w == b"\r\n\r\n") {
+                        match socket.read(&mut buffer).await {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => request.extend_from_slice(&buffer[..n]),
+                        }
+                    }
+                    hits.fetch_add(1, Ordering::SeqCst);
+                    let text = String::from_utf8_lossy(&request);
+                    let path = text.split_whitespace().nth(1).unwrap_or("/").to_owned();
+                    let body = routes.lock().unwrap().get(&path).cloned();
+                    let response = match body {
+                        Some(body) => {
+                            let mut r = format!(
+                                "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nContent-Type: application/wasm\r\nConnection: close\r\n\r\n",
+                                body.len()
+                            )
+                            .into_bytes();
+                            r.extend_from_slice(&body);
+                            r
+                        }
+                        None => b"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\nConnection: close\r\n\r\n".to_vec(),
+                    };
+                    let _ = socket.write_all(&response).await;
+                    let _ = socket.shutdown().await;
+                });
+            }
+        });
+        Self { base, routes, hits }
+    }
+
+    /// Serves `body` at `path` and returns the full URL.
+    pub fn serve(&self, path: &str, body: Vec<u8>) -> String {
+        self.routes.lock().unwrap().insert(path.to_owned(), body);
+        format!("{}{path}", self.base)
+    }
+
+    /// Requests received so far.
+    pub fn hits(&self) -> usize {
+        self.hits.load(Ordering::SeqCst)
+    }
+}
+
+/// Copies stdin to stdout.
+pub const ECHO_WAT: &str = r#"
+(module
+  (import "wasi_snapshot_preview1" "fd_read" (func $fd_read (param i32 i32 i32 i32) (result i32)))
+  (import "wasi_snapshot_preview1" "fd_write" (func $fd_write (param i32 i32 i32 i32) (result i32)))
+  (memory (export "memory") 2)
+  (func (export "_start")
+    (local $n i32)
+    (loop $again
+      (i32.store (i32.const 0) (i32.const 1024))
+      (i32.store (i32.const 4) (i32.const 65536))
+      (drop (call $fd_read (i32.const 0) (i32.const 0) (i32.const 1) (i32.const 8)))
+      (local.set $n (i32.load (i32.const 8)))
+      (if (i32.gt_u (local.get $n) (i32.const 0))
+        (then
+          (i32.store (i32.const 16) (i32.const 1024))
+          (i32.store (i32.const 20) (local.get $n))
+          (drop (call $fd_write (i32.const 1) (i32.const 16) (i32.const 1) (i32.const 24)))
+          (br $again))))))
+"#;
+
+/// Spins forever.
+pub const LOOP_WAT: &str =
+    r#"(module (memory (export "memory") 1) (func (export "_start") (loop $l (br $l))))"#;
