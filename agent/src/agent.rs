@@ -253,7 +253,13 @@ pub async fn run(
             _ = telemetry_timer.tick() => {
                 let telemetry = sampler.sample(counters.snapshot(), runner.power_level(), link.state());
                 match session.telemetry(&telemetry) {
-                    Ok(outgoing) => publish(&client, outgoing).await,
+                    // Never wait for room: while the broker is unreachable the
+                    // client's queue fills, and a stale sample is worth nothing.
+                    Ok(outgoing) => {
+                        if let Err(error) = client.try_publish(outgoing.topic, outgoing.qos, outgoing.retain, outgoing.payload) {
+                            tracing::debug!(%error, "telemetry sample dropped");
+                        }
+                    }
                     Err(error) => tracing::error!(%error, "cannot encode telemetry"),
                 }
             }

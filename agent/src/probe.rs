@@ -301,10 +301,20 @@ fn interfaces() -> BoundedVec<NetInterface, MAX_INTERFACES> {
 
 /// OpenCL devices of every platform; empty when there is no OpenCL loader,
 /// no platform, or the platform misbehaves.
+///
+/// The devices are enumerated once per process and remembered: PoCL crashes
+/// when two threads initialise it at once (seen with two agents in one test
+/// process), and the devices do not change while the agent runs.
 pub fn opencl_devices() -> BoundedVec<GpuDevice, MAX_GPUS> {
-    // A broken ICD can panic inside the bindings; a probe must never take the
-    // agent down, so a panic there counts as "no devices".
-    std::panic::catch_unwind(opencl_devices_unguarded).unwrap_or_default()
+    static DEVICES: std::sync::OnceLock<BoundedVec<GpuDevice, MAX_GPUS>> =
+        std::sync::OnceLock::new();
+    DEVICES
+        .get_or_init(|| {
+            // A broken ICD can panic inside the bindings; a probe must never
+            // take the agent down, so a panic there counts as "no devices".
+            std::panic::catch_unwind(opencl_devices_unguarded).unwrap_or_default()
+        })
+        .clone()
 }
 
 fn opencl_devices_unguarded() -> BoundedVec<GpuDevice, MAX_GPUS> {

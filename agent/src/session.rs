@@ -200,7 +200,8 @@ impl Session {
                 self.node_id.clone(),
                 FailureReason::UnsupportedRuntime,
                 &format!(
-                    "this agent runs only wasm tasks, not {}",
+                    "this agent build executes only wasm tasks, not {}; its OpenCL devices are \
+                     reported for placement, but OpenCL kernels need an executor it does not have yet",
                     assignment.runtime.as_str()
                 ),
             );

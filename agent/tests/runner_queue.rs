@@ -1,0 +1,145 @@
+//! The runner bounds concurrent executions and counts the rest as queued.
+#![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
+
+mod support;
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use starling_agent::artifact::{sha256, ArtifactStore};
+use starling_agent::runner::Runner;
+use starling_agent::telemetry::TaskCounts;
+use starling_agent::wasm::WasmExecutor;
+use starling_proto::{
+    Assignment, ExecLimits, FailureReason, NodeId, Runtime, TaskId, TaskState, PROTOCOL_VERSION,
+};
+use support::HttpServer;
+use tokio::sync::mpsc;
+
+fn spin_assignment(task: &str, url: &str, digest: starling_proto::Digest) -> Assignment {
+    Assignment {
+        v: PROTOCOL_VERSION,
+        task_id: TaskId::new(task).unwrap(),
+        attempt: 1,
+        runtime: Runtime::Wasm,
+        artifact: digest,
+        artifact_url: heapless::String::try_from(url).unwrap(),
+        args: heapless::Vec::new(),
+        input: Vec::new(),
+        limits: ExecLimits {
+            wall_ms: 60_000,
+            ..ExecLimits::default()
+        },
+        power_level: 0,
+        deadline_unix_ms: None,
+    }
+}
+
+async fn wait_for_counts(runner: &Runner, expected: TaskCounts) {
+    let counters = runner.counters();
+    for _ in 0..400 {
+        if counters.snapshot() == expected {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    panic!(
+        "counts stayed at {:?}, expected {expected:?}",
+        counters.snapshot()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_slot_runs_one_task_and_queues_the_next() {
+    let http = HttpServer::start().await;
+    let spin = wat::parse_str(support::LOOP_WAT).unwrap();
+    let digest = sha256(&spin);
+    let url = http.serve("/spin", spin);
+    let dir = tempfile::tempdir().unwrap();
+    let (events_tx, mut events) = mpsc::unbounded_channel();
+    let runner = Arc::new(Runner::new(
+        NodeId::new("queue-node").unwrap(),
+        Arc::new(WasmExecutor::new().unwrap()),
+        ArtifactStore::open(dir.path(), 1 << 20).unwrap(),
+        1,
+        0,
+        events_tx,
+    ));
+
+    let first_cancel = Arc::new(AtomicBool::new(false));
+    let second_cancel = Arc::new(AtomicBool::new(false));
+    tokio::spawn(Arc::clone(&runner).run_attempt(
+        spin_assignment("a", &url, digest),
+        Arc::clone(&first_cancel),
+    ));
+    tokio::spawn(Arc::clone(&runner).run_attempt(
+        spin_assignment("b", &url, digest),
+        Arc::clone(&second_cancel),
+    ));
+    wait_for_counts(
+        &runner,
+        TaskCounts {
+            running: 1,
+            queued: 1,
+        },
+    )
+    .await;
+    let running = events.recv().await.unwrap();
+    assert_eq!(running.state, TaskState::Running);
+    assert_eq!(runner.counters().executions(), 1);
+
+    // Cancelling the running one frees the slot for the queued one.
+    let (first, second) = if running.task_id.as_str() == "a" {
+        (first_cancel, second_cancel)
+    } else {
+        (second_cancel, first_cancel)
+    };
+    first.store(true, Ordering::SeqCst);
+    let cancelled = events.recv().await.unwrap();
+    assert_eq!(cancelled.state, TaskState::Cancelled);
+    assert_eq!(cancelled.task_id, running.task_id);
+    let next = events.recv().await.unwrap();
+    assert_eq!(next.state, TaskState::Running);
+    assert_ne!(next.task_id, running.task_id);
+    wait_for_counts(
+        &runner,
+        TaskCounts {
+            running: 1,
+            queued: 0,
+        },
+    )
+    .await;
+
+    second.store(true, Ordering::SeqCst);
+    assert_eq!(events.recv().await.unwrap().state, TaskState::Cancelled);
+    wait_for_counts(&runner, TaskCounts::default()).await;
+    assert_eq!(runner.counters().executions(), 2);
+}
+
+#[tokio::test]
+async fn bytes_that_are_not_wasm_fail_as_invalid_module() {
+    let http = HttpServer::start().await;
+    let script = b"#!/bin/sh\necho not a module\n".to_vec();
+    let digest = sha256(&script);
+    let url = http.serve("/script", script);
+    let dir = tempfile::tempdir().unwrap();
+    let (events_tx, mut events) = mpsc::unbounded_channel();
+    let runner = Arc::new(Runner::new(
+        NodeId::new("n").unwrap(),
+        Arc::new(WasmExecutor::new().unwrap()),
+        ArtifactStore::open(dir.path(), 1 << 20).unwrap(),
+        1,
+        0,
+        events_tx,
+    ));
+    runner
+        .run_attempt(
+            spin_assignment("s", &url, digest),
+            Arc::new(AtomicBool::new(false)),
+        )
+        .await;
+    let event = events.recv().await.unwrap();
+    assert_eq!(event.state, TaskState::Failed);
+    assert_eq!(event.reason, Some(FailureReason::InvalidModule));
+}
