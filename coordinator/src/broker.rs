@@ -22,13 +22,12 @@ const BROKER_START_TIMEOUT: Duration = Duration::from_secs(5);
 #[derive(Debug, thiserror::Error)]
 pub enum StartBrokerError {
     /// The MQTT listen address is taken or not ours to bind.
-    #[error("cannot listen for MQTT on {addr}: {source}; pass --mqtt-listen with a free port (port 0 picks one)")]
+    #[error("cannot listen for MQTT on {addr}: {reason}; pass --mqtt-listen with a free port (port 0 picks one)")]
     Bind {
         /// The address asked for.
         addr: SocketAddr,
-        /// The OS error.
-        #[source]
-        source: std::io::Error,
+        /// The OS's words.
+        reason: String,
     },
     /// The broker's thread could not be started.
     #[error("cannot start the embedded MQTT broker: {0}")]
@@ -115,16 +114,14 @@ pub fn start_embedded_broker(listen: SocketAddr) -> Result<SocketAddr, StartBrok
     // port. We then release the port and hand it to rumqttd. Between the
     // release and rumqttd's bind another process could take the port; the
     // readiness check below then times out with a clear error.
-    let probe = TcpListener::bind(listen).map_err(|source| StartBrokerError::Bind {
+    let probe = TcpListener::bind(listen).map_err(|error| StartBrokerError::Bind {
         addr: listen,
-        source,
+        reason: crate::describe_bind_error(&error),
     })?;
-    let addr = probe
-        .local_addr()
-        .map_err(|source| StartBrokerError::Bind {
-            addr: listen,
-            source,
-        })?;
+    let addr = probe.local_addr().map_err(|error| StartBrokerError::Bind {
+        addr: listen,
+        reason: error.to_string(),
+    })?;
     drop(probe);
 
     let server = ServerSettings {

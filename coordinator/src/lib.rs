@@ -371,7 +371,7 @@ pub async fn start(config: CoordinatorConfig) -> Result<Running, StartError> {
 }
 
 /// Says "address in use" plainly for the commonest bind failure.
-fn describe_bind_error(error: &std::io::Error) -> String {
+pub(crate) fn describe_bind_error(error: &std::io::Error) -> String {
     match error.kind() {
         std::io::ErrorKind::AddrInUse => "address in use".to_string(),
         std::io::ErrorKind::AddrNotAvailable => "address not available on this host".to_string(),

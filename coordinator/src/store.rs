@@ -14,6 +14,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 use sqlx::postgres::{PgPool, PgPoolOptions};
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions};
+use sqlx::Connection as _;
 use starling_proto::{Digest, Runtime, TaskEvent, TaskState};
 
 use crate::task::{TaskDemand, TaskKind, TaskLimits, TaskStatus};
@@ -436,6 +437,19 @@ impl Store {
                 })?;
             Backend::Sqlite(pool)
         } else if url.starts_with("postgres:") || url.starts_with("postgresql:") {
+            // The pool reports an unreachable server only as "pool timed out";
+            // one direct connection first gives the driver's real reason.
+            let probe = tokio::time::timeout(CONNECT_TIMEOUT, sqlx::PgConnection::connect(url))
+                .await
+                .map_err(|_| OpenStoreError::Connect {
+                    url: shown.clone(),
+                    source: sqlx::Error::PoolTimedOut,
+                })?
+                .map_err(|source| OpenStoreError::Connect {
+                    url: shown.clone(),
+                    source,
+                })?;
+            let _ = probe.close().await;
             let pool = PgPoolOptions::new()
                 .max_connections(8)
                 .acquire_timeout(CONNECT_TIMEOUT)

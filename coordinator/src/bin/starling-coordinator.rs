@@ -1,6 +1,5 @@
 //! `starling-coordinator`: the coordinator server. `serve` starts it.
 
-use anyhow::Context as _;
 use clap::{Parser, Subcommand};
 use tracing_subscriber::EnvFilter;
 
@@ -32,7 +31,9 @@ fn main() {
         .with_writer(std::io::stderr)
         .init();
     if let Err(error) = run(args) {
-        eprintln!("starling-coordinator: {error:#}");
+        // The library's errors already carry their cause in their message;
+        // the chain would repeat it.
+        eprintln!("starling-coordinator: {error}");
         std::process::exit(1);
     }
 }
@@ -43,7 +44,7 @@ fn run(args: Args) -> anyhow::Result<()> {
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
-        .context("cannot start the async runtime")?;
+        .map_err(|error| anyhow::anyhow!("cannot start the async runtime: {error}"))?;
     runtime.block_on(async move {
         let running = starling_coordinator::start(config).await?;
         println!("{}", running.ready_line());

@@ -1,0 +1,394 @@
+//! The two binaries as users meet them: `starling-coordinator serve` (ready
+//! line, one-line startup errors) and the `starling` CLI (output, exit codes).
+#![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
+
+mod common;
+
+use std::io::{BufRead, BufReader};
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use rumqttc::QoS;
+use starling_proto::{
+    decode, encode, Assignment, Channel, FailureReason, NodeId, NodeState, TaskEvent, TaskState,
+    Topics,
+};
+
+const COORDINATOR: &str = env!("CARGO_BIN_EXE_starling-coordinator");
+const CLI: &str = env!("CARGO_BIN_EXE_starling");
+
+fn serve(dir: &std::path::Path, extra: &[&str]) -> Command {
+    let mut command = Command::new(COORDINATOR);
+    command
+        .arg("serve")
+        .arg("--data-dir")
+        .arg(dir)
+        .args(extra)
+        .env_remove("STARLING_API_TOKEN")
+        .env("RUST_LOG", "warn");
+    command
+}
+
+/// Runs `serve` expecting it to fail at startup; returns its stderr.
+fn failing_serve(extra: &[&str]) -> String {
+    let dir = tempfile::tempdir().unwrap();
+    let output = serve(dir.path(), extra).output().unwrap();
+    assert!(!output.status.success(), "serve {extra:?} should fail");
+    let stderr = String::from_utf8_lossy(&output.stderr).to_string();
+    let last = stderr.lines().last().unwrap_or_default().to_string();
+    assert!(last.starts_with("starling-coordinator: "), "{stderr}");
+    last
+}
+
+#[test]
+fn serve_prints_the_ready_line_and_serves() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("coordinator.toml");
+    // The file asks for a policy that does not exist; the flag wins.
+    std::fs::write(
+        &config,
+        "policy = \"no-such-policy\"\nlisten = \"127.0.0.1:0\"\n",
+    )
+    .unwrap();
+    let mut child = serve(
+        dir.path(),
+        &[
+            "--config",
+            config.to_str().unwrap(),
+            "--policy",
+            "heuristic",
+            "--mqtt-listen",
+            "127.0.0.1:0",
+        ],
+    )
+    .stdout(Stdio::piped())
+    .stderr(Stdio::null())
+    .spawn()
+    .unwrap();
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let fields: Vec<&str> = line.split_whitespace().collect();
+    assert_eq!(&fields[..2], ["starling-coordinator", "ready"], "{line}");
+    let rest = fields[2].strip_prefix("rest=http://127.0.0.1:").unwrap();
+    let mqtt = fields[3].strip_prefix("mqtt=mqtt://127.0.0.1:").unwrap();
+    assert_ne!(rest.parse::<u16>().unwrap(), 0);
+    assert_ne!(mqtt.parse::<u16>().unwrap(), 0);
+    let output = Command::new(CLI)
+        .args([
+            "--coordinator",
+            &format!("http://127.0.0.1:{rest}"),
+            "nodes",
+            "--json",
+        ])
+        .output()
+        .unwrap();
+    assert!(output.status.success());
+    assert_eq!(String::from_utf8_lossy(&output.stdout).trim(), "[]");
+    assert!(
+        dir.path().join("coordinator.db").exists(),
+        "SQLite created under the data dir"
+    );
+    child.kill().unwrap();
+    child.wait().unwrap();
+}
+
+#[test]
+fn startup_errors_say_what_to_change() {
+    let busy = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let busy_addr = busy.local_addr().unwrap().to_string();
+    let error = failing_serve(&["--listen", &busy_addr, "--mqtt-listen", "127.0.0.1:0"]);
+    assert!(
+        error.contains("address in use") && error.contains("--listen"),
+        "{error}"
+    );
+
+    let error = failing_serve(&["--listen", "127.0.0.1:0", "--mqtt-listen", &busy_addr]);
+    assert!(error.contains("--mqtt-listen"), "{error}");
+
+    let port = common::free_port();
+    let error = failing_serve(&[
+        "--listen",
+        "127.0.0.1:0",
+        "--broker",
+        &format!("mqtt://127.0.0.1:{port}"),
+    ]);
+    assert!(
+        error.contains("cannot reach the MQTT broker") && error.contains("--broker"),
+        "{error}"
+    );
+
+    let error = failing_serve(&[
+        "--listen",
+        "127.0.0.1:0",
+        "--mqtt-listen",
+        "127.0.0.1:0",
+        "--db",
+        &format!("postgres://postgres@127.0.0.1:{port}/x"),
+    ]);
+    assert!(
+        error.contains("cannot open database") && error.contains("--db"),
+        "{error}"
+    );
+
+    let error = failing_serve(&["--listen", "127.0.0.1:0", "--policy", "astrology"]);
+    assert!(
+        error.contains("heuristic") && error.contains("--policy"),
+        "{error}"
+    );
+
+    let error = failing_serve(&["--listen", "nowhere"]);
+    assert!(error.contains("--listen"), "{error}");
+}
+
+#[test]
+fn the_cli_explains_itself_and_reports_an_unreachable_coordinator() {
+    let help = Command::new(CLI).arg("--help").output().unwrap();
+    assert!(help.status.success());
+    let help = String::from_utf8_lossy(&help.stdout);
+    assert!(
+        help.contains("Examples:") && help.contains("starling run"),
+        "{help}"
+    );
+
+    let usage = Command::new(CLI).arg("frobnicate").output().unwrap();
+    assert_eq!(usage.status.code(), Some(2));
+
+    let port = common::free_port();
+    let output = Command::new(CLI)
+        .args([
+            "--coordinator",
+            &format!("http://127.0.0.1:{port}"),
+            "tasks",
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(output.status.code(), Some(3));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("cannot reach the coordinator"), "{stderr}");
+}
+
+/// A stand-in agent: answers each assignment with running + a result.
+async fn stand_in_agent(mqtt_url: &str, id: &'static str) {
+    let topics = Topics::default();
+    let node = NodeId::new(id).unwrap();
+    let (client, mut incoming) = common::mqtt_client(mqtt_url, id).await;
+    client
+        .subscribe(topics.node(&node, Channel::Assign), QoS::AtLeastOnce)
+        .await
+        .unwrap();
+    client
+        .publish(
+            topics.node(&node, Channel::Capability),
+            QoS::AtLeastOnce,
+            true,
+            encode(&common::capability(id)).unwrap(),
+        )
+        .await
+        .unwrap();
+    client
+        .publish(
+            topics.node(&node, Channel::Status),
+            QoS::AtLeastOnce,
+            true,
+            encode(&common::status(id, NodeState::Online)).unwrap(),
+        )
+        .await
+        .unwrap();
+    tokio::spawn(async move {
+        while let Some(publish) = incoming.recv().await {
+            let Ok(assignment) = decode::<Assignment>(&publish.payload) else {
+                continue;
+            };
+            let events_topic = topics.node(&node, Channel::Events);
+            let running = TaskEvent::state(
+                assignment.task_id.clone(),
+                assignment.attempt,
+                node.clone(),
+                TaskState::Running,
+            );
+            client
+                .publish(
+                    events_topic.clone(),
+                    QoS::AtLeastOnce,
+                    false,
+                    encode(&running).unwrap(),
+                )
+                .await
+                .unwrap();
+            let event = if assignment.input == b"fail" {
+                TaskEvent::failed(
+                    assignment.task_id.clone(),
+                    assignment.attempt,
+                    node.clone(),
+                    FailureReason::Trap,
+                    "unreachable executed",
+                )
+            } else {
+                let mut done = TaskEvent::state(
+                    assignment.task_id.clone(),
+                    assignment.attempt,
+                    node.clone(),
+                    TaskState::Succeeded,
+                );
+                done.output = [b"echo:".as_slice(), &assignment.input].concat();
+                done
+            };
+            client
+                .publish(
+                    events_topic,
+                    QoS::AtLeastOnce,
+                    false,
+                    encode(&event).unwrap(),
+                )
+                .await
+                .unwrap();
+        }
+    });
+}
+
+async fn cli(rest: &str, args: &[&str], stdin: &[u8]) -> std::process::Output {
+    use tokio::io::AsyncWriteExt;
+    let mut child = tokio::process::Command::new(CLI)
+        .arg("--coordinator")
+        .arg(rest)
+        .args(args)
+        .env_remove("STARLING_API_TOKEN")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut pipe = child.stdin.take().unwrap();
+    pipe.write_all(stdin).await.unwrap();
+    drop(pipe);
+    tokio::time::timeout(Duration::from_secs(30), child.wait_with_output())
+        .await
+        .unwrap()
+        .unwrap()
+}
+
+#[tokio::test]
+async fn starling_run_waits_and_prints_the_output() {
+    let dir = tempfile::tempdir().unwrap();
+    let running = common::start_coordinator(dir.path(), |_| {}).await;
+    let rest = running.rest_url();
+    stand_in_agent(running.mqtt_url(), "cli-node").await;
+    let module = dir.path().join("echo.wasm");
+    std::fs::write(&module, common::minimal_wasm()).unwrap();
+    std::fs::write(
+        dir.path().join("task.toml"),
+        "name = \"echo\"\nclass = \"io\"\ndeadline = \"20s\"\n[demand]\ncpu_cores = 1.0\nmemory_mb = 8\n",
+    )
+    .unwrap();
+    common::eventually(Duration::from_secs(10), "the node online", || {
+        let rest = rest.clone();
+        async move {
+            let output = cli(&rest, &["nodes", "--json"], b"").await;
+            let nodes: serde_json::Value = serde_json::from_slice(&output.stdout).ok()?;
+            (nodes[0]["online"] == true).then_some(())
+        }
+    })
+    .await;
+
+    let output = cli(
+        &rest,
+        &["run", module.to_str().unwrap(), "--input", "-", "--wait"],
+        b"hello",
+    )
+    .await;
+    assert_eq!(
+        output.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert_eq!(output.stdout, b"echo:hello");
+
+    // JSON, and the manifest's class and deadline went with the submission.
+    let output = cli(
+        &rest,
+        &[
+            "run",
+            module.to_str().unwrap(),
+            "--input",
+            "-",
+            "--wait",
+            "--json",
+            "--arg",
+            "-v",
+        ],
+        b"again",
+    )
+    .await;
+    assert_eq!(output.status.code(), Some(0));
+    let task: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
+    assert_eq!(task["state"], "succeeded");
+    assert_eq!(task["node_id"], "cli-node");
+    assert_eq!(task["class"], "io");
+    assert_eq!(task["args"], serde_json::json!(["-v"]));
+    let deadline =
+        task["deadline_unix_ms"].as_u64().unwrap() - task["created_ms"].as_u64().unwrap();
+    assert_eq!(deadline, 20_000);
+
+    // A failed task: reason on stderr, exit 1; with --json the task on stdout.
+    let output = cli(
+        &rest,
+        &["run", module.to_str().unwrap(), "--input", "-", "--wait"],
+        b"fail",
+    )
+    .await;
+    assert_eq!(output.status.code(), Some(1));
+    assert!(
+        String::from_utf8_lossy(&output.stderr).contains("trap"),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let output = cli(
+        &rest,
+        &[
+            "run",
+            module.to_str().unwrap(),
+            "--input",
+            "-",
+            "--wait",
+            "--json",
+        ],
+        b"fail",
+    )
+    .await;
+    assert_eq!(output.status.code(), Some(1));
+    let task: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
+    assert_eq!(task["reason"], "trap");
+
+    // Publishing something that is not wasm: exit 2 with the coordinator's reason.
+    let notes = dir.path().join("notes.wasm");
+    std::fs::write(&notes, "#!/bin/sh\n").unwrap();
+    let output = cli(&rest, &["publish", notes.to_str().unwrap()], b"").await;
+    assert_eq!(output.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&output.stderr).contains("not a WebAssembly module"));
+
+    // Publishing by file, running by digest, listing, showing, cancelling.
+    let output = cli(&rest, &["publish", module.to_str().unwrap()], b"").await;
+    let digest = String::from_utf8_lossy(&output.stdout).trim().to_string();
+    assert_eq!(digest.len(), 64);
+    let output = cli(&rest, &["run", &digest, "--deadline", "5s"], b"").await;
+    assert_eq!(output.status.code(), Some(0));
+    let id = String::from_utf8_lossy(&output.stdout).trim().to_string();
+    let output = cli(&rest, &["tasks", "--json"], b"").await;
+    let tasks: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
+    assert!(
+        tasks
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|t| t["id"] == id.as_str()),
+        "{tasks}"
+    );
+    let output = cli(&rest, &["task", &id], b"").await;
+    assert!(String::from_utf8_lossy(&output.stdout).contains(&id));
+    let output = cli(&rest, &["task", "no-such-task"], b"").await;
+    assert_eq!(output.status.code(), Some(2));
+    running.shutdown().await;
+}
