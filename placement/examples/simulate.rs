@@ -55,6 +55,16 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         if let Some(policies) = args.get(4) {
             config.policies = policies.split(',').map(str::to_owned).collect();
         }
+        // HEURISTIC="margin_fraction=0.3,joules_per_second=1" overrides knobs.
+        if let Ok(knobs) = std::env::var("HEURISTIC") {
+            let mut json = serde_json::to_value(config.heuristic)?;
+            for pair in knobs.split(',').filter(|p| !p.is_empty()) {
+                let (key, value) = pair.split_once('=').ok_or("knob must be key=value")?;
+                json[key] = serde_json::from_str(value)?;
+            }
+            config.heuristic = serde_json::from_value(json)?;
+            eprintln!("{:?}", config.heuristic);
+        }
         let report = sim::run(&config, &mut clock, &mut |p| {
             eprintln!(
                 "{}/{} {} {}",

@@ -27,10 +27,13 @@ use std::hash::{Hash, Hasher};
 
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
+use serde::{Deserialize, Serialize};
 
 use crate::estimate::{self, FilterTally};
 use crate::model::{ClusterView, NodeView, PendingTask};
-use crate::policy::{conclude, Candidate, Decision, Policy, Round, TopCandidates};
+use crate::policy::{
+    conclude, Candidate, Decision, Explanation, Outcome, Policy, Round, TopCandidates,
+};
 
 /// How the heuristic finds candidate nodes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -41,32 +44,82 @@ pub enum SearchMode {
     Indexed,
 }
 
-/// Least-waiting nodes taken from each compatible group's heap.
-const FROM_EACH_GROUP: usize = 3;
 /// Extra pops allowed per group when the best nodes fail a load filter (memory).
 const EXTRA_POPS: usize = 8;
-/// Nodes drawn at random per task, on top of the groups' best.
-const RANDOM_SAMPLE: usize = 6;
-/// Fraction of the time left to the deadline kept as a safety margin.
-const MARGIN_FRACTION: f64 = 0.15;
-/// Smallest safety margin, ms.
-const MARGIN_MIN_MS: f64 = 100.0;
-/// Joules one second of earlier finish is worth when comparing feasible choices.
-const JOULES_PER_SECOND: f64 = 0.2;
+
+/// The heuristic's knobs. The defaults are what the simulator's tables use.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct HeuristicTuning {
+    /// Fraction of the time left to the deadline kept as a safety margin.
+    pub margin_fraction: f64,
+    /// Smallest safety margin, ms.
+    pub margin_min_ms: f64,
+    /// Extra margin fraction at full cluster pressure (mean queue wait at
+    /// [`HeuristicTuning::pressure_horizon_s`] or more): under load, slow choices
+    /// cost capacity later tasks need.
+    pub pressure_margin: f64,
+    /// Mean queue wait, seconds, at which the cluster counts as under full pressure.
+    pub pressure_horizon_s: f64,
+    /// Joules one second of earlier finish is worth when comparing feasible choices.
+    pub joules_per_second: f64,
+    /// Joules charged per second of queue wait a placement leaves on the resource
+    /// it uses (CPU lanes or GPU), so that energy-cheap but scarce resources (a
+    /// Jetson's GPU) are not piled up with work that could run elsewhere.
+    pub crowding_joules_per_second: f64,
+    /// Least-waiting nodes taken from each compatible hardware group (indexed search).
+    pub from_each_group: usize,
+    /// Nodes drawn at random per task on top of the groups' best (indexed search).
+    pub random_sample: usize,
+    /// Hold a task that no node can finish by its deadline (estimated), rather than
+    /// spend capacity on a late result, until a node frees up or the deadline
+    /// passes; once it has passed, the task is placed at the earliest finish.
+    pub hold_hopeless: bool,
+    /// Late binding: keep a task in the coordinator's queue, rather than in a node's
+    /// FIFO, while its best node is busy and its slack allows waiting, so that a
+    /// more urgent task arriving later can still go first.
+    pub late_binding: bool,
+    /// Slack, ms, a task must keep beyond its transfer time to be held for late binding.
+    pub late_binding_slack_ms: f64,
+}
+
+impl Default for HeuristicTuning {
+    fn default() -> Self {
+        Self {
+            margin_fraction: 0.3,
+            margin_min_ms: 100.0,
+            pressure_margin: 0.0,
+            pressure_horizon_s: 5.0,
+            joules_per_second: 0.2,
+            crowding_joules_per_second: 2.0,
+            from_each_group: 3,
+            random_sample: 6,
+            hold_hopeless: false,
+            late_binding: false,
+            late_binding_slack_ms: 500.0,
+        }
+    }
+}
 
 /// The default heuristic policy.
 #[derive(Debug, Clone)]
 pub struct HeuristicPolicy {
     mode: SearchMode,
     rng: ChaCha8Rng,
+    tuning: HeuristicTuning,
 }
 
 impl HeuristicPolicy {
     /// A heuristic searching in `mode`, sampling with a ChaCha stream from `seed`.
     pub fn new(mode: SearchMode, seed: u64) -> Self {
+        Self::with_tuning(mode, seed, HeuristicTuning::default())
+    }
+
+    /// A heuristic with explicit knobs.
+    pub fn with_tuning(mode: SearchMode, seed: u64, tuning: HeuristicTuning) -> Self {
         Self {
             mode,
             rng: ChaCha8Rng::seed_from_u64(seed ^ 0x6865_7572),
+            tuning,
         }
     }
 }
@@ -178,7 +231,13 @@ impl Index {
 
     /// The least-waiting compatible nodes of every group that passes the static
     /// filters for `task`.
-    fn candidates(&mut self, round: &Round<'_>, task: &PendingTask, out: &mut Vec<usize>) {
+    fn candidates(
+        &mut self,
+        round: &Round<'_>,
+        task: &PendingTask,
+        from_each_group: usize,
+        out: &mut Vec<usize>,
+    ) {
         for group in &mut self.groups {
             let Some(representative) = round.view.nodes.get(group.representative) else {
                 continue;
@@ -194,7 +253,7 @@ impl Index {
             let mut popped = Vec::new();
             let mut taken = 0;
             let mut tries = 0;
-            while taken < FROM_EACH_GROUP && tries < FROM_EACH_GROUP + EXTRA_POPS {
+            while taken < from_each_group && tries < from_each_group + EXTRA_POPS {
                 let Some(entry) = heap.pop() else {
                     break;
                 };
@@ -213,6 +272,38 @@ impl Index {
                 }
             }
             heap.extend(popped);
+        }
+    }
+}
+
+/// The knobs in force for one round, pressure applied.
+struct Knobs {
+    margin_fraction: f64,
+    margin_min_ms: f64,
+    joules_per_second: f64,
+    crowding_joules_per_second: f64,
+}
+
+impl Knobs {
+    fn for_round(tuning: &HeuristicTuning, view: &ClusterView) -> Self {
+        let (wait_s, nodes) = view
+            .nodes
+            .iter()
+            .filter(|node| node.online)
+            .fold((0.0, 0_usize), |(wait, count), node| {
+                (wait + node.queue_state().backlog_s, count + 1)
+            });
+        let mean_wait_s = if nodes == 0 {
+            0.0
+        } else {
+            wait_s / nodes as f64
+        };
+        let pressure = (mean_wait_s / tuning.pressure_horizon_s.max(1e-3)).clamp(0.0, 1.0);
+        Self {
+            margin_fraction: tuning.margin_fraction + tuning.pressure_margin * pressure,
+            margin_min_ms: tuning.margin_min_ms,
+            joules_per_second: tuning.joules_per_second,
+            crowding_joules_per_second: tuning.crowding_joules_per_second,
         }
     }
 }
@@ -244,10 +335,22 @@ fn best_level(
     round: &Round<'_>,
     node_index: usize,
     task: &PendingTask,
+    knobs: &Knobs,
     tally: &mut FilterTally,
 ) -> Option<Candidate> {
     let (node, load) = round.node(node_index)?;
     let top = node.top_power_level();
+    // The wait this placement leaves behind on the resource it uses.
+    let crowding = |candidate: &Candidate| {
+        let run_s = estimate::execution_s(node, task, candidate.power_level);
+        let after_s = if estimate::runs_on_gpu(node, task) {
+            estimate::queue_wait_s(node, load, task) + run_s / f64::from(node.gpu_devices().max(1))
+        } else {
+            estimate::queue_wait_s(node, load, task)
+                + run_s * f64::from(estimate::lanes(node, task)) / node.cpu_cores.max(1.0)
+        };
+        knobs.crowding_joules_per_second * after_s
+    };
     let mut fastest = round.evaluate(node_index, task, top, tally)?;
     let Some(deadline) = task.deadline_ms else {
         let mut best = fastest;
@@ -258,13 +361,16 @@ fn best_level(
                 }
             }
         }
-        best.score = 1e9 - best.energy_joules - JOULES_PER_SECOND * best.finish_ms / 1000.0;
+        best.score = 1e9
+            - best.energy_joules
+            - crowding(&best)
+            - knobs.joules_per_second * (best.finish_ms - round.now_ms) / 1000.0;
         return Some(best);
     };
     let deadline = deadline as f64;
     let left_ms = (deadline - round.now_ms).max(0.0);
     let queue_pressure = 1.0 + f64::from(load.queued_tasks) / node.cpu_cores.max(1.0);
-    let margin = (left_ms * MARGIN_FRACTION * queue_pressure).max(MARGIN_MIN_MS);
+    let margin = (left_ms * knobs.margin_fraction * queue_pressure).max(knobs.margin_min_ms);
     if fastest.finish_ms + margin > deadline {
         fastest.score = -fastest.finish_ms / 1000.0;
         return Some(fastest);
@@ -278,7 +384,10 @@ fn best_level(
             }
         }
     }
-    chosen.score = 1e9 - chosen.energy_joules - JOULES_PER_SECOND * chosen.finish_ms / 1000.0;
+    chosen.score = 1e9
+        - chosen.energy_joules
+        - crowding(&chosen)
+        - knobs.joules_per_second * (chosen.finish_ms - round.now_ms) / 1000.0;
     Some(chosen)
 }
 
@@ -300,6 +409,7 @@ impl Policy for HeuristicPolicy {
         let mut decisions: Vec<Option<Decision>> = vec![None; queue.len()];
         let mut candidates = Vec::new();
         let count = view.nodes.len();
+        let knobs = Knobs::for_round(&self.tuning, view);
         for position in order(view, queue) {
             let task = &queue[position];
             let mut tally = FilterTally::default();
@@ -307,9 +417,9 @@ impl Policy for HeuristicPolicy {
             candidates.clear();
             match index.as_mut() {
                 Some(index) => {
-                    index.candidates(&round, task, &mut candidates);
+                    index.candidates(&round, task, self.tuning.from_each_group, &mut candidates);
                     if count > 0 {
-                        for _ in 0..RANDOM_SAMPLE {
+                        for _ in 0..self.tuning.random_sample {
                             candidates.push(self.rng.random_range(0..count));
                         }
                     }
@@ -319,7 +429,7 @@ impl Policy for HeuristicPolicy {
                 None => candidates.extend(0..count),
             }
             for node in candidates.iter().copied() {
-                if let Some(candidate) = best_level(&round, node, task, &mut tally) {
+                if let Some(candidate) = best_level(&round, node, task, &knobs, &mut tally) {
                     top.offer(candidate);
                 }
             }
@@ -327,8 +437,65 @@ impl Policy for HeuristicPolicy {
                 // The index found nothing (every sampled node full): before holding,
                 // make sure no node at all can take the task.
                 for node in 0..count {
-                    if let Some(candidate) = best_level(&round, node, task, &mut tally) {
+                    if let Some(candidate) = best_level(&round, node, task, &knobs, &mut tally) {
                         top.offer(candidate);
+                    }
+                }
+            }
+            let hopeless = top.first().is_some_and(|best| best.score < 0.0)
+                && task
+                    .deadline_ms
+                    .is_some_and(|deadline| deadline as f64 >= round.now_ms);
+            if hopeless && self.tuning.hold_hopeless {
+                let alternatives = top
+                    .iter()
+                    .map(|candidate| round.alternative(candidate, task))
+                    .collect();
+                let reason = "no node can finish it by its deadline; waiting for capacity";
+                decisions[position] = Some(Decision {
+                    task_key: task.key,
+                    outcome: Outcome::Hold {
+                        reason: reason.to_owned(),
+                    },
+                    explanation: Explanation {
+                        policy: name.to_owned(),
+                        summary: format!("held: {reason}"),
+                        alternatives,
+                    },
+                });
+                continue;
+            }
+            if self.tuning.late_binding {
+                if let (Some(best), Some(deadline)) = (top.first(), task.deadline_ms) {
+                    if let Some((node, load)) = round.node(best.node) {
+                        let wait_s = estimate::queue_wait_s(node, load, task);
+                        let transfer_s = estimate::transfer_s(node, task.input_bytes);
+                        let slack_ms = deadline as f64 - best.finish_ms;
+                        if best.score >= 0.0
+                            && wait_s > transfer_s + 0.1
+                            && slack_ms > transfer_s * 1000.0 + self.tuning.late_binding_slack_ms
+                        {
+                            let reason = format!(
+                                "best node {} is busy for {:.1} s and the task has {:.0} ms of slack: kept in the queue",
+                                node.id, wait_s, slack_ms
+                            );
+                            let alternatives = top
+                                .iter()
+                                .map(|candidate| round.alternative(candidate, task))
+                                .collect();
+                            decisions[position] = Some(Decision {
+                                task_key: task.key,
+                                outcome: Outcome::Hold {
+                                    reason: reason.clone(),
+                                },
+                                explanation: Explanation {
+                                    policy: name.to_owned(),
+                                    summary: format!("held: {reason}"),
+                                    alternatives,
+                                },
+                            });
+                            continue;
+                        }
                     }
                 }
             }

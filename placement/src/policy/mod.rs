@@ -19,7 +19,7 @@ pub use baselines::{
     EarliestFinishPolicy, KubernetesPolicy, LeastLoadedPolicy, RandomPolicy, RoundRobinPolicy,
     StaticOptimisationPolicy,
 };
-pub use heuristic::{HeuristicPolicy, SearchMode};
+pub use heuristic::{HeuristicPolicy, HeuristicTuning, SearchMode};
 
 /// A placement strategy.
 pub trait Policy: Send {
@@ -110,9 +110,26 @@ pub struct UnknownPolicy {
 
 /// Builds a policy by name; `seed` feeds the policies that draw random numbers.
 pub fn policy_by_name(name: &str, seed: u64) -> Result<Box<dyn Policy>, UnknownPolicy> {
+    policy_with_tuning(name, seed, &HeuristicTuning::default())
+}
+
+/// Like [`policy_by_name`], with explicit knobs for the heuristic.
+pub fn policy_with_tuning(
+    name: &str,
+    seed: u64,
+    tuning: &HeuristicTuning,
+) -> Result<Box<dyn Policy>, UnknownPolicy> {
     let policy: Box<dyn Policy> = match name.trim().to_ascii_lowercase().as_str() {
-        "heuristic" => Box::new(HeuristicPolicy::new(SearchMode::Indexed, seed)),
-        "heuristic-exhaustive" => Box::new(HeuristicPolicy::new(SearchMode::Exhaustive, seed)),
+        "heuristic" => Box::new(HeuristicPolicy::with_tuning(
+            SearchMode::Indexed,
+            seed,
+            *tuning,
+        )),
+        "heuristic-exhaustive" => Box::new(HeuristicPolicy::with_tuning(
+            SearchMode::Exhaustive,
+            seed,
+            *tuning,
+        )),
         "random" => Box::new(RandomPolicy::new(seed)),
         "round-robin" | "round_robin" => Box::new(RoundRobinPolicy::default()),
         "least-loaded" | "least_loaded" => Box::new(LeastLoadedPolicy),

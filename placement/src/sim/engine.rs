@@ -271,18 +271,32 @@ impl<'a> Engine<'a> {
             let Some(state) = self.nodes.get_mut(node) else {
                 return;
             };
-            while let Some(&front) = state.queue.front() {
-                let Some(placed) = state.placed.iter_mut().find(|p| p.task == front) else {
-                    state.queue.pop_front();
+            // One FIFO per resource: CPU lanes and GPU devices serve their own
+            // queues, so a task waiting for the GPU does not block CPU work.
+            let mut cpu_blocked = false;
+            let mut gpu_blocked = false;
+            let mut position = 0;
+            while position < state.queue.len() && !(cpu_blocked && gpu_blocked) {
+                let Some(&task) = state.queue.get(position) else {
+                    break;
+                };
+                let Some(placed) = state.placed.iter_mut().find(|p| p.task == task) else {
+                    state.queue.remove(position);
                     continue;
                 };
                 let fits = if placed.on_gpu {
-                    state.free_gpus >= 1
+                    !gpu_blocked && state.free_gpus >= 1
                 } else {
-                    state.free_lanes >= placed.lanes
+                    !cpu_blocked && state.free_lanes >= placed.lanes
                 };
                 if !fits {
-                    break;
+                    if placed.on_gpu {
+                        gpu_blocked = true;
+                    } else {
+                        cpu_blocked = true;
+                    }
+                    position += 1;
+                    continue;
                 }
                 if placed.on_gpu {
                     state.free_gpus -= 1;
@@ -290,8 +304,8 @@ impl<'a> Engine<'a> {
                     state.free_lanes -= placed.lanes;
                 }
                 placed.started_ms = Some(now);
-                finished.push((now + placed.run_s * 1000.0, front, state.epoch));
-                state.queue.pop_front();
+                finished.push((now + placed.run_s * 1000.0, task, state.epoch));
+                state.queue.remove(position);
             }
         }
         for (at, task, epoch) in finished {

@@ -125,6 +125,8 @@ pub struct SimConfig {
     pub task_mix: TaskMix,
     /// Attempts a task gets before it counts as failed (failures re-queue it).
     pub max_attempts: u32,
+    /// The heuristic's knobs.
+    pub heuristic: crate::policy::HeuristicTuning,
 }
 
 impl Default for SimConfig {
@@ -145,6 +147,7 @@ impl Default for SimConfig {
             drain_s: 120.0,
             task_mix: TaskMix::default(),
             max_attempts: 3,
+            heuristic: crate::policy::HeuristicTuning::default(),
         }
     }
 }
@@ -245,7 +248,8 @@ pub fn run(
         let environment = workload::Environment::generate(config, load_index, load);
         let mut rows = Vec::with_capacity(config.policies.len());
         for name in &config.policies {
-            let mut policy = crate::policy::policy_by_name(name, config.seed)?;
+            let mut policy =
+                crate::policy::policy_with_tuning(name, config.seed, &config.heuristic)?;
             let row = engine::simulate(config, &environment, policy.as_mut(), stopwatch);
             rows.push(row);
             finished_runs += 1;

@@ -173,7 +173,12 @@ impl SimReport {
                 .fold(0.0_f64, f64::max)
                 .max(0.1)
                 * 1.05;
-            let panels: [(&DrawingArea<SVGBackend<'_>, _>, &str, fn(&PolicyRow) -> f64); 2] = [
+            type Panel<'p, 'b> = (
+                &'p DrawingArea<SVGBackend<'b>, plotters::coord::Shift>,
+                &'static str,
+                fn(&PolicyRow) -> f64,
+            );
+            let panels: [Panel<'_, '_>; 2] = [
                 (&left, "mean latency (ms)", |row| row.mean_latency_ms),
                 (&right, "energy per task (J)", |row| {
                     row.energy_per_task_joules

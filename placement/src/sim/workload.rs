@@ -140,7 +140,7 @@ impl Environment {
                 };
                 tick.push(NetworkLink {
                     bandwidth_mbps: (base.bandwidth_mbps * factor).max(1.0),
-                    rtt_ms: base.rtt_ms / factor.min(4.0).max(0.05),
+                    rtt_ms: base.rtt_ms / factor.clamp(0.05, 4.0),
                     loss,
                 });
             }
@@ -154,7 +154,7 @@ impl Environment {
             links,
             mobility_period_ms,
             end_ms,
-            noise_seed: config.seed ^ 0x6e6f_6973_65,
+            noise_seed: config.seed ^ 0x006e_6f69_7365,
         }
     }
 
