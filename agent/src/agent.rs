@@ -23,6 +23,7 @@ use tokio::sync::mpsc;
 
 use crate::artifact::{ArtifactStore, OpenStoreError};
 use crate::config::{AgentConfig, BrokerAddress, ConfigError};
+use crate::journal::{AttemptJournal, JournalError};
 use crate::probe::{probe, ProbeError};
 use crate::runner::Runner;
 use crate::session::{Action, Outgoing, Session};
@@ -68,6 +69,9 @@ pub enum AgentError {
     /// A message of the agent's own could not be encoded.
     #[error(transparent)]
     Encode(#[from] EncodeError),
+    /// The attempt journal could not be opened.
+    #[error(transparent)]
+    Journal(#[from] JournalError),
     /// A background thread of the agent failed.
     #[error("internal agent failure: {0}")]
     Internal(String),
@@ -76,8 +80,12 @@ pub enum AgentError {
 /// Something the connection task passes to the main task.
 #[derive(Debug)]
 enum Inbound {
-    Publish { topic: String, payload: Vec<u8> },
-    Reconnected { session_present: bool },
+    /// Acknowledged only after the session has handled it and the journal has
+    /// it, so a crash in between means redelivery rather than loss.
+    Publish(rumqttc::Publish),
+    Reconnected {
+        session_present: bool,
+    },
 }
 
 /// Round-trip time toward the broker, from MQTT pings (and the first connect).
@@ -153,12 +161,16 @@ pub async fn run(
     let executor = Arc::new(WasmExecutor::new()?);
 
     let mut session = Session::new(node_id.clone(), topics);
+    let (mut journal, remembered) = AttemptJournal::open(&config.data_dir)?;
+    let interrupted = session.restore(remembered)?;
+    write_journal(&mut journal, &mut session);
     let will = session.status(NodeState::Offline)?;
     let mut options = MqttOptions::new(node_id.as_str(), address.host.as_str(), address.port);
     options
         .set_clean_session(false)
         .set_keep_alive(config.keep_alive)
         .set_max_packet_size(MAX_PACKET_BYTES, MAX_PACKET_BYTES)
+        .set_manual_acks(true)
         .set_last_will(LastWill::new(
             will.topic,
             will.payload,
@@ -175,6 +187,9 @@ pub async fn run(
     subscribe(&client, &session).await;
     publish(&client, session.status(NodeState::Online)?).await;
     publish(&client, session.capability(&capability)?).await;
+    for outgoing in interrupted {
+        publish(&client, outgoing).await;
+    }
 
     let (inbound_sender, mut inbound) = mpsc::unbounded_channel();
     let stopping = Arc::new(AtomicBool::new(false));
@@ -215,8 +230,8 @@ pub async fn run(
                     break;
                 };
                 match message {
-                    Inbound::Publish { topic, payload } => {
-                        match session.on_publish(&topic, &payload) {
+                    Inbound::Publish(message) => {
+                        match session.on_publish(&message.topic, &message.payload) {
                             Ok(actions) => {
                                 for action in actions {
                                     match action {
@@ -230,6 +245,10 @@ pub async fn run(
                                 }
                             }
                             Err(error) => tracing::warn!(%error, "inbound message dropped"),
+                        }
+                        write_journal(&mut journal, &mut session);
+                        if let Err(error) = client.ack(&message).await {
+                            tracing::warn!(%error, "cannot queue an acknowledgement");
                         }
                     }
                     Inbound::Reconnected { session_present } => {
@@ -249,6 +268,7 @@ pub async fn run(
                     Ok(outgoing) => publish(&client, outgoing).await,
                     Err(error) => tracing::error!(%error, "cannot encode a task event"),
                 }
+                write_journal(&mut journal, &mut session);
             }
             _ = telemetry_timer.tick() => {
                 let telemetry = sampler.sample(counters.snapshot(), runner.power_level(), link.state());
@@ -327,11 +347,7 @@ async fn drive_connection(
     loop {
         match eventloop.poll().await {
             Ok(Event::Incoming(Packet::Publish(publish))) => {
-                let message = Inbound::Publish {
-                    topic: publish.topic,
-                    payload: publish.payload.to_vec(),
-                };
-                if inbound.send(message).is_err() {
+                if inbound.send(Inbound::Publish(publish)).is_err() {
                     return;
                 }
             }
@@ -386,5 +402,15 @@ async fn publish(client: &AsyncClient, outgoing: Outgoing) {
     } = outgoing;
     if let Err(error) = client.publish(topic.clone(), qos, retain, payload).await {
         tracing::warn!(%topic, %error, "cannot queue a publish");
+    }
+}
+
+/// Appends what the session recorded to the journal. A failing disk costs the
+/// crash-recovery memory, not the running service, so it is logged, not fatal.
+fn write_journal(journal: &mut AttemptJournal, session: &mut Session) {
+    for event in session.take_journal_entries() {
+        if let Err(error) = journal.append(&event) {
+            tracing::error!(%error, "cannot journal a task event");
+        }
     }
 }

@@ -4,13 +4,15 @@
 //! The pieces, from the outside in: [`agent`] is the I/O loop (MQTT
 //! connection, telemetry timer, runners); [`session`] is the protocol logic it
 //! drives, without I/O; [`runner`] takes one attempt from assignment to final
-//! event; [`artifact`] fetches and caches modules by digest; [`wasm`] runs them
-//! under limits; [`probe`] and [`telemetry`] describe the device; [`config`]
-//! merges flags, environment, file and defaults.
+//! event; [`journal`] remembers attempts across restarts; [`artifact`] fetches
+//! and caches modules by digest; [`wasm`] runs them under limits; [`probe`]
+//! and [`telemetry`] describe the device; [`config`] merges flags,
+//! environment, file and defaults.
 
 pub mod agent;
 pub mod artifact;
 pub mod config;
+pub mod journal;
 pub mod probe;
 pub mod runner;
 pub mod session;

@@ -84,6 +84,8 @@ pub struct Session {
     cancel_topic: String,
     attempts: HashMap<AttemptKey, AttemptRecord>,
     finished: VecDeque<AttemptKey>,
+    /// Accepted and final events not yet handed to the journal.
+    unjournaled: Vec<TaskEvent>,
 }
 
 impl std::fmt::Debug for Session {
@@ -107,7 +109,45 @@ impl Session {
             cancel_topic,
             attempts: HashMap::new(),
             finished: VecDeque::new(),
+            unjournaled: Vec::new(),
         }
+    }
+
+    /// Restores attempts from the journal of an earlier run. Attempts that
+    /// were still in progress were cut short by a crash or kill: each becomes
+    /// a `failed` event (agent busy), returned for publishing, so the
+    /// coordinator can retry it instead of waiting on it.
+    pub fn restore(&mut self, events: Vec<TaskEvent>) -> Result<Vec<Outgoing>, EncodeError> {
+        let mut to_publish = Vec::new();
+        for event in events {
+            if event.state.is_terminal() {
+                let key = (event.task_id.clone(), event.attempt);
+                self.attempts.insert(
+                    key.clone(),
+                    AttemptRecord {
+                        last_event: event,
+                        cancel: Arc::new(AtomicBool::new(false)),
+                    },
+                );
+                self.finished.push_back(key);
+            } else {
+                let failed = TaskEvent::failed(
+                    event.task_id,
+                    event.attempt,
+                    self.node_id.clone(),
+                    FailureReason::AgentBusy,
+                    "the agent restarted while this attempt was in progress; it did not finish",
+                );
+                to_publish.push(self.record_event(failed)?);
+            }
+        }
+        self.evict_finished();
+        Ok(to_publish)
+    }
+
+    /// Accepted and final events recorded since the last call, for the journal.
+    pub fn take_journal_entries(&mut self) -> Vec<TaskEvent> {
+        std::mem::take(&mut self.unjournaled)
     }
 
     /// The node id.
@@ -221,6 +261,7 @@ impl Session {
                 cancel: Arc::clone(&cancel),
             },
         );
+        self.unjournaled.push(accepted.clone());
         Ok(vec![
             Action::Publish(self.event_message(&accepted)?),
             Action::Start {
@@ -315,14 +356,21 @@ impl Session {
             }
         }
         if terminal {
-            self.finished.push_back(key);
-            while self.finished.len() > REMEMBERED_FINISHED_ATTEMPTS {
-                if let Some(oldest) = self.finished.pop_front() {
-                    self.attempts.remove(&oldest);
-                }
+            if let Some(record) = self.attempts.get(&key) {
+                self.unjournaled.push(record.last_event.clone());
             }
+            self.finished.push_back(key);
+            self.evict_finished();
         }
         Ok(message)
+    }
+
+    fn evict_finished(&mut self) {
+        while self.finished.len() > REMEMBERED_FINISHED_ATTEMPTS {
+            if let Some(oldest) = self.finished.pop_front() {
+                self.attempts.remove(&oldest);
+            }
+        }
     }
 
     fn event_message(&self, event: &TaskEvent) -> Result<Outgoing, EncodeError> {
@@ -487,6 +535,60 @@ mod tests {
             .unwrap();
         let event: TaskEvent = starling_proto::decode(&late.payload).unwrap();
         assert_eq!(event.state, TaskState::Succeeded);
+    }
+
+    #[test]
+    fn restored_attempts_are_remembered_and_interrupted_ones_fail() {
+        let mut s = session();
+        let node = s.node_id().clone();
+        let done = TaskEvent::state(
+            TaskId::new("done").unwrap(),
+            1,
+            node.clone(),
+            TaskState::Succeeded,
+        );
+        let cut = TaskEvent::state(TaskId::new("t").unwrap(), 1, node, TaskState::Accepted);
+        let published = s.restore(vec![done, cut]).unwrap();
+        assert_eq!(published.len(), 1);
+        let event: TaskEvent = starling_proto::decode(&published[0].payload).unwrap();
+        assert_eq!(event.reason, Some(FailureReason::AgentBusy));
+        assert_eq!(s.take_journal_entries(), vec![event]);
+
+        // A redelivery after the restart re-publishes instead of running.
+        let topic = s.subscriptions()[0].0.clone();
+        let again = s
+            .on_publish(
+                &topic,
+                &starling_proto::encode(&assignment("done", 1)).unwrap(),
+            )
+            .unwrap();
+        assert_eq!(again.len(), 1);
+        assert_eq!(published_event(&again[0]).state, TaskState::Succeeded);
+    }
+
+    #[test]
+    fn accepted_and_final_events_go_to_the_journal() {
+        let mut s = session();
+        let topic = s.subscriptions()[0].0.clone();
+        s.on_publish(
+            &topic,
+            &starling_proto::encode(&assignment("j", 1)).unwrap(),
+        )
+        .unwrap();
+        let node = s.node_id().clone();
+        let task = TaskId::new("j").unwrap();
+        s.on_task_event(TaskEvent::state(
+            task.clone(),
+            1,
+            node.clone(),
+            TaskState::Running,
+        ))
+        .unwrap();
+        s.on_task_event(TaskEvent::state(task, 1, node, TaskState::Succeeded))
+            .unwrap();
+        let states: Vec<TaskState> = s.take_journal_entries().iter().map(|e| e.state).collect();
+        assert_eq!(states, [TaskState::Accepted, TaskState::Succeeded]);
+        assert!(s.take_journal_entries().is_empty());
     }
 
     #[test]

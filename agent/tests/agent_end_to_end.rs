@@ -349,3 +349,85 @@ async fn unreachable_broker_is_a_clear_start_error() {
     assert!(text.contains("--broker"), "{text}");
     assert!(text.contains(&format!("mqtt://127.0.0.1:{port}")), "{text}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn restarted_agent_remembers_attempts() {
+    let broker = Mosquitto::start();
+    let http = HttpServer::start().await;
+    let echo = wat::parse_str(support::ECHO_WAT).unwrap();
+    let digest = sha256(&echo);
+    let url = http.serve("/echo", echo);
+    let topics = Topics::default();
+    let node = NodeId::new("restart-node").unwrap();
+    let mut observer = Observer::start(broker.port, "starling/v1/nodes/restart-node/#").await;
+    let data_dir = tempfile::tempdir().unwrap();
+
+    // An earlier run accepted "cut-short" and died before finishing it.
+    {
+        let (mut journal, _) =
+            starling_agent::journal::AttemptJournal::open(data_dir.path()).unwrap();
+        journal
+            .append(&TaskEvent::state(
+                TaskId::new("cut-short").unwrap(),
+                1,
+                node.clone(),
+                TaskState::Accepted,
+            ))
+            .unwrap();
+    }
+    let config = AgentConfig {
+        broker: broker.url.clone(),
+        node_id: Some(node.to_string()),
+        data_dir: data_dir.path().to_owned(),
+        ..AgentConfig::default()
+    };
+
+    let (stop, stopped) = oneshot::channel::<()>();
+    let first = tokio::spawn(starling_agent::run(config.clone(), async {
+        let _ = stopped.await;
+    }));
+    let interrupted = observer.next_event(&topics, &node).await;
+    assert_eq!(interrupted.task_id.as_str(), "cut-short");
+    assert_eq!(interrupted.state, TaskState::Failed);
+    assert_eq!(interrupted.reason, Some(FailureReason::AgentBusy));
+
+    let task = assignment("once", digest, &url, b"only once", ExecLimits::default());
+    let payload = starling_proto::encode(&task).unwrap();
+    let assign_topic = topics.node(&node, Channel::Assign);
+    observer
+        .publish(assign_topic.clone(), payload.clone())
+        .await;
+    let mut last = observer.next_event(&topics, &node).await;
+    while !last.state.is_terminal() {
+        last = observer.next_event(&topics, &node).await;
+    }
+    assert_eq!(last.state, TaskState::Succeeded);
+    stop.send(()).unwrap();
+    first.await.unwrap().unwrap();
+
+    // A new agent process over the same data dir gets the assignment again.
+    let (stop, stopped) = oneshot::channel::<()>();
+    let second = tokio::spawn(starling_agent::run(config, async {
+        let _ = stopped.await;
+    }));
+    observer
+        .next_on(
+            &topics.node(&node, Channel::Capability),
+            Duration::from_secs(30),
+        )
+        .await
+        .expect("the restarted agent did not come up");
+    observer.publish(assign_topic, payload).await;
+    let repeat = observer.next_event(&topics, &node).await;
+    assert_eq!(repeat.state, TaskState::Succeeded);
+    assert_eq!(repeat.output, b"only once");
+    let extra = observer
+        .next_on(
+            &topics.node(&node, Channel::Events),
+            Duration::from_millis(1500),
+        )
+        .await;
+    assert!(extra.is_none(), "the restarted agent ran the attempt again");
+    stop.send(()).unwrap();
+    second.await.unwrap().unwrap();
+}
