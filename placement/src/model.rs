@@ -556,3 +556,180 @@ impl ClusterView {
         self.nodes.iter().map(|node| node.load).collect()
     }
 }
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+mod tests {
+    use super::*;
+    use starling_proto::{
+        CpuInfo, DiskInfo, GpuDevice, LinkState, PowerLevel, RateSource, PROTOCOL_VERSION,
+    };
+
+    fn capability(arch: &str) -> Capability {
+        let mut capability = Capability {
+            v: PROTOCOL_VERSION,
+            node_id: NodeId::new("edge-1").unwrap(),
+            agent_version: "0.1.0".try_into().unwrap(),
+            arch: arch.try_into().unwrap(),
+            os: "Linux".try_into().unwrap(),
+            cpu: CpuInfo {
+                model: "cpu".try_into().unwrap(),
+                cores: 4,
+                min_mhz: 600,
+                max_mhz: 1500,
+            },
+            memory_bytes: 4 << 30,
+            gpus: Default::default(),
+            disks: Default::default(),
+            interfaces: Default::default(),
+            labels: Default::default(),
+            runtimes: Default::default(),
+            power_levels: Default::default(),
+        };
+        if arch == "aarch64" {
+            capability
+                .gpus
+                .push(GpuDevice {
+                    platform: "NVIDIA CUDA".try_into().unwrap(),
+                    vendor: "NVIDIA".try_into().unwrap(),
+                    name: "Maxwell".try_into().unwrap(),
+                    kind: GpuKind::Gpu,
+                    compute_units: 1,
+                    memory_bytes: 4 << 30,
+                    max_clock_mhz: 921,
+                })
+                .unwrap();
+            for (level, speed, active) in [(0u8, 0.6f32, 5.0f32), (1, 1.0, 10.0)] {
+                capability
+                    .power_levels
+                    .push(PowerLevel {
+                        level,
+                        name: "mode".try_into().unwrap(),
+                        speed_factor: speed,
+                        idle_watts: 1.25,
+                        active_watts: active,
+                    })
+                    .unwrap();
+            }
+        }
+        capability
+            .disks
+            .push(DiskInfo {
+                name: "nvme0n1".try_into().unwrap(),
+                mount: "/".try_into().unwrap(),
+                total_bytes: 1 << 40,
+                available_bytes: 1 << 39,
+                read_mbps: 1500.0,
+                write_mbps: 900.0,
+                rate_source: RateSource::Measured,
+            })
+            .unwrap();
+        capability
+            .labels
+            .push(Label::parse("zone=lab").unwrap())
+            .unwrap();
+        capability.runtimes.push(Runtime::Wasm).unwrap();
+        capability
+    }
+
+    #[test]
+    fn from_reports_without_telemetry_is_an_idle_node_with_defaults() {
+        let view = NodeView::from_reports(&capability("x86_64"), None, true);
+        assert_eq!(view.id.as_str(), "edge-1");
+        assert!(view.online);
+        assert_eq!(view.cpu_cores, 4.0);
+        // 1.5 GHz x86 is half the 3 GHz reference core.
+        assert!((view.cpu_speed - 0.5).abs() < 1e-9);
+        assert_eq!(view.io_mbps, 1500.0);
+        assert!(view.gpu.is_none());
+        assert_eq!(
+            view.power_levels.len(),
+            1,
+            "a default level when none is reported"
+        );
+        assert_eq!(view.power_levels[0].active_watts, 30.0);
+        assert_eq!(view.load.free_memory_bytes, 4 << 30);
+        assert_eq!(view.load.queued_tasks, 0);
+        assert_eq!(view.labels, vec![Label::parse("zone=lab").unwrap()]);
+        assert_eq!(view.queue_state().to_array(), [0.0, 0.0, 1e6, 0.0, 1.0]);
+    }
+
+    #[test]
+    fn from_reports_reads_gpu_power_levels_and_telemetry() {
+        let capability = capability("aarch64");
+        let telemetry = Telemetry {
+            v: PROTOCOL_VERSION,
+            node_id: capability.node_id.clone(),
+            seq: 9,
+            uptime_ms: 1_000,
+            cpu_load: 0.5,
+            free_memory_bytes: 1 << 30,
+            io_read_bps: 100_000_000,
+            io_write_bps: 0,
+            link: LinkState {
+                rtt_ms: Some(40.0),
+                bandwidth_mbps: Some(20.0),
+                loss: Some(0.1),
+            },
+            running_tasks: 2,
+            queued_tasks: 1,
+            power_level: 0,
+            energy_joules: 55.0,
+        };
+        let view = NodeView::from_reports(&capability, Some(&telemetry), false);
+        assert!(!view.online);
+        let gpu = view.gpu.unwrap();
+        assert_eq!(gpu.devices, 1);
+        assert!((gpu.speed - 3.07).abs() < 0.01, "{}", gpu.speed);
+        assert_eq!(view.power_levels.len(), 2);
+        assert_eq!(view.power_levels[0].speed_factor, 0.6f32 as f64);
+        assert_eq!(view.load.free_cpu_cores, 2.0);
+        assert_eq!(view.load.free_memory_bytes, 1 << 30);
+        assert_eq!(view.load.free_io_mbps, 1400.0);
+        assert_eq!(view.load.queued_tasks, 3);
+        assert_eq!(view.load.power_level, 0);
+        assert!(
+            view.load.backlog_cpu_s > 2.0,
+            "busy cores and queued tasks count as backlog"
+        );
+        assert_eq!(view.network.rtt_ms, 40.0);
+        assert_eq!(view.network.bandwidth_mbps, 20.0);
+        assert!((view.network.loss - 0.1).abs() < 1e-6);
+        assert_eq!(view.energy.used_joules, 55.0);
+    }
+
+    #[test]
+    fn commit_reserves_demand_and_adds_backlog() {
+        let mut view = ClusterView {
+            now_ms: 0,
+            nodes: vec![NodeView::from_reports(&capability("x86_64"), None, true)],
+        };
+        let mut task = crate::testing::task(1, TaskClass::Cpu);
+        task.deadline_ms = Some(60_000);
+        task.work = 2.0;
+        view.commit(0, &task, 0);
+        let load = view.nodes[0].load;
+        assert_eq!(load.free_memory_bytes, (4 << 30) - (64 << 20));
+        assert_eq!(load.free_cpu_cores, 3.0);
+        assert_eq!(load.queued_tasks, 1);
+        // 2 reference seconds on a half-speed core.
+        assert!((load.backlog_cpu_s - 4.0).abs() < 1e-9);
+        assert!(load.earliest_slack_ms.unwrap() < 60_000.0);
+        // Out of range: nothing changes.
+        view.commit(5, &task, 0);
+        assert_eq!(view.nodes[0].load, load);
+    }
+
+    #[test]
+    fn task_class_parses_and_prints() {
+        for class in TaskClass::ALL {
+            assert_eq!(class.as_str().parse::<TaskClass>().unwrap(), class);
+            assert_eq!(
+                serde_json::to_string(&class).unwrap(),
+                format!("\"{class}\"")
+            );
+        }
+        assert_eq!(" GPU ".parse::<TaskClass>().unwrap(), TaskClass::Gpu);
+        assert!("fpga".parse::<TaskClass>().is_err());
+    }
+}

@@ -119,7 +119,7 @@ impl Policy for EarliestFinishPolicy {
             "earliest finish at full power",
             view,
             queue,
-            |_round, candidate, _task| -candidate.finish_ms,
+            |round, candidate, _task| -(candidate.finish_ms - round.now_ms) / 1000.0,
         )
     }
 }
@@ -165,6 +165,8 @@ impl Policy for RandomPolicy {
                 }
             }
             if chosen.is_none() {
+                // Count each node's reason once for the hold message.
+                tally = FilterTally::default();
                 // Reservoir sampling over the compatible nodes: uniform, one pass.
                 let mut seen = 0_u32;
                 for (index, node) in view.nodes.iter().enumerate() {
@@ -259,7 +261,7 @@ impl Policy for StaticOptimisationPolicy {
             for (index, node) in view.nodes.iter().enumerate() {
                 let level = node.top_power_level() / 2 + node.top_power_level() % 2;
                 if let Some(mut candidate) = round.evaluate(index, task, level, &mut tally) {
-                    candidate.score = -candidate.finish_ms;
+                    candidate.score = -(candidate.finish_ms - round.now_ms) / 1000.0;
                     top.offer(candidate);
                 }
             }

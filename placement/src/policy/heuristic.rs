@@ -9,9 +9,18 @@
 //!    estimated finish still meets the deadline with a safety margin (slack
 //!    reclamation: slack left by a fast node becomes a lower frequency). The margin
 //!    grows with the node's queue, since queued work is where estimates go wrong.
-//! 4. **Choice**: among feasible (node, level) pairs, the least energy, with a small
-//!    premium on finishing early so that ties go to the faster node; when no node
-//!    can meet the deadline, the earliest finish at full power (least lateness).
+//! 4. **Choice**: among feasible (node, level) pairs, the least cost, in joules:
+//!    the task's dynamic energy, plus a *crowding* charge per second of queue wait
+//!    the placement leaves on the resource it uses (so that a cheap but scarce
+//!    resource, a Jetson's GPU, is not piled up with work that could run elsewhere
+//!    while OpenCL-only tasks need it), plus a small charge per second to finish,
+//!    so that ties go to the faster node. When no node can meet the deadline: the
+//!    earliest finish at full power (least lateness).
+//!
+//! Two further ideas are implemented as knobs ([`HeuristicTuning`]) and off by
+//! default because the simulator measured them worse: holding tasks no node can
+//! finish in time, and late binding (keeping tasks in the coordinator while their
+//! best node is busy).
 //!
 //! With [`SearchMode::Indexed`] the candidates are not every node: nodes are
 //! grouped by hardware profile, each group keeps a heap by queue wait, and a task
@@ -308,6 +317,12 @@ impl Knobs {
     }
 }
 
+/// The deadline as ms, or infinity without one.
+fn best_deadline(task: &PendingTask) -> f64 {
+    task.deadline_ms
+        .map_or(f64::INFINITY, |deadline| deadline as f64)
+}
+
 /// The task's urgency order: priority first, then slack, then submission.
 fn order(view: &ClusterView, queue: &[PendingTask]) -> Vec<usize> {
     let now = view.now_ms as f64;
@@ -361,8 +376,7 @@ fn best_level(
                 }
             }
         }
-        best.score = 1e9
-            - best.energy_joules
+        best.score = -best.energy_joules
             - crowding(&best)
             - knobs.joules_per_second * (best.finish_ms - round.now_ms) / 1000.0;
         return Some(best);
@@ -372,7 +386,8 @@ fn best_level(
     let queue_pressure = 1.0 + f64::from(load.queued_tasks) / node.cpu_cores.max(1.0);
     let margin = (left_ms * knobs.margin_fraction * queue_pressure).max(knobs.margin_min_ms);
     if fastest.finish_ms + margin > deadline {
-        fastest.score = -fastest.finish_ms / 1000.0;
+        fastest.feasible = false;
+        fastest.score = -(fastest.finish_ms - round.now_ms) / 1000.0;
         return Some(fastest);
     }
     let mut chosen = fastest;
@@ -384,8 +399,7 @@ fn best_level(
             }
         }
     }
-    chosen.score = 1e9
-        - chosen.energy_joules
+    chosen.score = -chosen.energy_joules
         - crowding(&chosen)
         - knobs.joules_per_second * (chosen.finish_ms - round.now_ms) / 1000.0;
     Some(chosen)
@@ -435,14 +449,18 @@ impl Policy for HeuristicPolicy {
             }
             if top.first().is_none() && index.is_some() {
                 // The index found nothing (every sampled node full): before holding,
-                // make sure no node at all can take the task.
+                // make sure no node at all can take the task, counting each node's
+                // reason once.
+                tally = FilterTally::default();
                 for node in 0..count {
                     if let Some(candidate) = best_level(&round, node, task, &knobs, &mut tally) {
                         top.offer(candidate);
                     }
                 }
             }
-            let hopeless = top.first().is_some_and(|best| best.score < 0.0)
+            let hopeless = top
+                .first()
+                .is_some_and(|best| !best.feasible && best.finish_ms > best_deadline(task))
                 && task
                     .deadline_ms
                     .is_some_and(|deadline| deadline as f64 >= round.now_ms);
@@ -471,7 +489,7 @@ impl Policy for HeuristicPolicy {
                         let wait_s = estimate::queue_wait_s(node, load, task);
                         let transfer_s = estimate::transfer_s(node, task.input_bytes);
                         let slack_ms = deadline as f64 - best.finish_ms;
-                        if best.score >= 0.0
+                        if best.feasible
                             && wait_s > transfer_s + 0.1
                             && slack_ms > transfer_s * 1000.0 + self.tuning.late_binding_slack_ms
                         {
@@ -500,7 +518,7 @@ impl Policy for HeuristicPolicy {
                 }
             }
             let why = match top.first() {
-                Some(best) if best.score >= 0.0 => "least energy meeting the deadline",
+                Some(best) if best.feasible => "least energy meeting the deadline",
                 Some(_) => "no node meets the deadline: earliest finish",
                 None => "",
             };

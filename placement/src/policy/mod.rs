@@ -154,6 +154,15 @@ pub(crate) struct Candidate {
     pub finish_ms: f64,
     pub energy_joules: f64,
     pub score: f64,
+    /// Whether it meets the policy's idea of feasible (the heuristic: the deadline
+    /// with margin); feasible candidates rank above all infeasible ones.
+    pub feasible: bool,
+}
+
+impl Candidate {
+    fn beats(&self, other: &Candidate) -> bool {
+        (self.feasible, self.score) > (other.feasible, other.score)
+    }
 }
 
 /// One decision round: the view, plus the loads the round's own placements add.
@@ -195,6 +204,7 @@ impl<'a> Round<'a> {
             finish_ms: estimate::finish_ms(node, load, task, power_level, self.now_ms),
             energy_joules: estimate::energy_joules(node, task, power_level),
             score: 0.0,
+            feasible: true,
         })
     }
 
@@ -273,14 +283,14 @@ impl TopCandidates {
             && self
                 .best
                 .last()
-                .is_some_and(|worst| worst.score >= candidate.score)
+                .is_some_and(|worst| !candidate.beats(worst))
         {
             return;
         }
         let position = self
             .best
             .iter()
-            .position(|kept| kept.score < candidate.score)
+            .position(|kept| candidate.beats(kept))
             .unwrap_or(self.best.len());
         self.best.insert(position, candidate);
         self.best.truncate(ALTERNATIVES_SHOWN);
@@ -351,5 +361,131 @@ pub(crate) fn hold(task: &PendingTask, policy: &str, tally: &FilterTally) -> Dec
             summary: format!("held: {reason}"),
             alternatives: Vec::new(),
         },
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+mod tests {
+    use super::*;
+    use crate::model::TaskClass;
+    use crate::testing::{node, task};
+
+    fn two_nodes() -> ClusterView {
+        let fast = node("fast", 4.0, 1.0);
+        let mut slow = node("slow", 4.0, 0.5);
+        slow.load.backlog_cpu_s = 8.0;
+        slow.load.queued_tasks = 2;
+        ClusterView {
+            now_ms: 10_000,
+            nodes: vec![fast, slow],
+        }
+    }
+
+    #[test]
+    fn unknown_policy_names_the_valid_ones() {
+        let error = policy_by_name("fastest", 0).err().unwrap();
+        let text = error.to_string();
+        assert!(text.contains("\"fastest\""), "{text}");
+        for name in POLICY_NAMES {
+            assert!(text.contains(name), "{text}");
+            assert_eq!(policy_by_name(name, 0).unwrap().name(), *name);
+        }
+        assert_eq!(POLICY_NAMES[0], "heuristic");
+    }
+
+    #[test]
+    fn least_loaded_picks_the_smallest_backlog_at_full_power() {
+        let mut view = two_nodes();
+        view.nodes[0].load.backlog_cpu_s = 20.0;
+        let decisions = LeastLoadedPolicy.decide(&view, &[task(1, TaskClass::Cpu)]);
+        assert_eq!(
+            decisions[0].outcome,
+            Outcome::Place {
+                node: 1,
+                power_level: 1
+            }
+        );
+    }
+
+    #[test]
+    fn heuristic_lowers_the_power_level_when_the_deadline_allows() {
+        let view = two_nodes();
+        let mut loose = task(1, TaskClass::Cpu);
+        loose.deadline_ms = Some(view.now_ms + 30_000);
+        let mut tight = task(2, TaskClass::Cpu);
+        tight.deadline_ms = Some(view.now_ms + 1_600);
+        let mut policy = policy_by_name("heuristic", 3).unwrap();
+        let decisions = policy.decide(&view, &[loose, tight]);
+        assert_eq!(
+            decisions[0].outcome,
+            Outcome::Place {
+                node: 0,
+                power_level: 0
+            },
+            "{:?}",
+            decisions[0].explanation
+        );
+        assert_eq!(
+            decisions[1].outcome,
+            Outcome::Place {
+                node: 0,
+                power_level: 1
+            },
+            "{:?}",
+            decisions[1].explanation
+        );
+    }
+
+    #[test]
+    fn holds_say_which_filters_failed() {
+        let view = two_nodes();
+        let mut t = task(9, TaskClass::Gpu);
+        t.demand.gpu = true;
+        for name in POLICY_NAMES {
+            let decisions = policy_by_name(name, 0).unwrap().decide(&view, &[t.clone()]);
+            assert_eq!(
+                decisions[0].outcome,
+                Outcome::Hold {
+                    reason: "no compatible node: 2 × no OpenCL device".to_owned()
+                },
+                "{name}"
+            );
+        }
+    }
+
+    #[test]
+    fn explanation_text_snapshot() {
+        let view = two_nodes();
+        let mut t = task(5, TaskClass::Cpu);
+        t.deadline_ms = Some(view.now_ms + 30_000);
+        let decision = policy_by_name("heuristic-exhaustive", 0)
+            .unwrap()
+            .decide(&view, &[t])
+            .remove(0);
+        let text = serde_json::to_string_pretty(&decision.explanation).unwrap();
+        let expected = r#"{
+  "policy": "heuristic-exhaustive",
+  "summary": "fast at power level 0: least energy meeting the deadline; finish in 2091 ms, 2.50 J",
+  "alternatives": [
+    {
+      "node_id": "fast",
+      "power_level": 0,
+      "score": -3.91816,
+      "finish_ms": 12090.8,
+      "energy_joules": 2.5,
+      "note": "meets deadline with 27909 ms slack; 0 queued, 0.0 s backlog"
+    },
+    {
+      "node_id": "slow",
+      "power_level": 0,
+      "score": -12.20116,
+      "finish_ms": 16005.8,
+      "energy_joules": 5.0,
+      "note": "meets deadline with 23994 ms slack; 2 queued, 2.0 s backlog"
+    }
+  ]
+}"#;
+        assert_eq!(text, expected);
     }
 }

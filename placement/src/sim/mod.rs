@@ -273,3 +273,101 @@ pub fn run(
         loads,
     })
 }
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+mod tests {
+    use super::*;
+
+    fn tiny() -> SimConfig {
+        SimConfig {
+            duration_s: 15.0,
+            nodes_per_profile: 1,
+            drain_s: 20.0,
+            policies: vec!["heuristic".into(), "least-loaded".into()],
+            ..SimConfig::default()
+        }
+    }
+
+    #[test]
+    fn report_has_a_table_per_load_and_a_plot() {
+        let mut stopwatch = FakeStopwatch {
+            now_ns: 0,
+            step_ns: 500,
+        };
+        let mut seen = Vec::new();
+        let report = run(&tiny(), &mut stopwatch, &mut |p| seen.push(p)).unwrap();
+        assert_eq!(seen.len(), 6);
+        assert_eq!(seen.last().unwrap().finished_runs, 6);
+        let markdown = report.to_markdown();
+        for load in ["low", "medium", "high"] {
+            assert!(
+                markdown.contains(&format!("### Load: {load}")),
+                "{markdown}"
+            );
+        }
+        assert_eq!(markdown.matches("| heuristic |").count(), 3);
+        let json: serde_json::Value = serde_json::from_str(&report.to_json()).unwrap();
+        assert_eq!(json["loads"].as_array().unwrap().len(), 3);
+        assert_eq!(json["seed"], 42);
+        let svg = report.to_svg().unwrap();
+        assert!(svg.starts_with("<svg"), "{}", &svg[..80.min(svg.len())]);
+        assert!(svg.contains("least-loaded") && svg.contains("energy per task"));
+        // Every decision was timed by the fake stopwatch: one step per round.
+        let row = &report.loads[0].rows[0];
+        assert!(row.decisions > 0 && row.decision_ns_total > 0);
+    }
+
+    #[test]
+    fn bad_settings_are_refused_before_running() {
+        let mut stopwatch = FakeStopwatch {
+            now_ns: 0,
+            step_ns: 1,
+        };
+        let mut config = tiny();
+        config.policies.push("oracle".into());
+        let error = run(&config, &mut stopwatch, &mut |_| {}).unwrap_err();
+        assert!(matches!(error, SimError::UnknownPolicy(_)), "{error}");
+        let mut config = tiny();
+        config.duration_s = -1.0;
+        let error = run(&config, &mut stopwatch, &mut |_| {}).unwrap_err();
+        assert!(error.to_string().contains("duration_s"), "{error}");
+        let mut config = tiny();
+        config.loads.clear();
+        assert!(run(&config, &mut stopwatch, &mut |_| {}).is_err());
+        let error = scale(
+            &ScaleConfig {
+                node_counts: vec![0],
+                ..ScaleConfig::default()
+            },
+            &mut stopwatch,
+            &mut |_| {},
+        )
+        .unwrap_err();
+        assert!(error.to_string().contains("node_counts"), "{error}");
+    }
+
+    #[test]
+    fn scale_reports_ratios_to_least_loaded() {
+        let mut stopwatch = FakeStopwatch {
+            now_ns: 0,
+            step_ns: 1_000_000,
+        };
+        let config = ScaleConfig {
+            node_counts: vec![40, 80],
+            pending: 25,
+            seed: 3,
+            policies: vec!["least-loaded".into(), "heuristic".into()],
+        };
+        let report = scale(&config, &mut stopwatch, &mut |_| {}).unwrap();
+        assert_eq!(report.rows.len(), 4);
+        for row in &report.rows {
+            // The fake stopwatch advances 1 ms per reading: 1 ms per call of 25.
+            assert_eq!(row.ns_per_decision, 40_000.0);
+            assert_eq!(row.ratio_to_least_loaded, Some(1.0));
+            assert!(row.placed > 0 && row.placed <= 25);
+        }
+        assert!(report.to_markdown().contains("| 80 | 25 | heuristic |"));
+        assert!(report.to_json().contains("ratio_to_least_loaded"));
+    }
+}
