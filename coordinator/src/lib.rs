@@ -83,6 +83,14 @@ pub enum StartError {
     /// The topic prefix is invalid.
     #[error("{0}; pass --topic-prefix like starling/v1")]
     TopicPrefix(#[from] starling_proto::TopicError),
+    /// Artifact URLs under the public URL would not fit in an assignment.
+    #[error("public URL {url} is too long: artifact URLs under it exceed the {max}-byte limit of an assignment; pass a shorter --public-url")]
+    PublicUrl {
+        /// The public URL.
+        url: String,
+        /// The limit on a whole artifact URL.
+        max: usize,
+    },
 }
 
 /// State shared by the ingest loop, the scheduler and the REST handlers.
@@ -257,6 +265,19 @@ pub async fn start(config: CoordinatorConfig) -> Result<Running, StartError> {
             reason: error.to_string(),
         })?;
 
+    let public_url = config
+        .public_url
+        .clone()
+        .map(|url| url.trim_end_matches('/').to_string())
+        .unwrap_or_else(|| default_public_url(rest_addr));
+    let longest_artifact_url = format!("{public_url}/api/v1/artifacts/{}", "0".repeat(64));
+    if longest_artifact_url.len() > starling_proto::limits::URL_LEN {
+        return Err(StartError::PublicUrl {
+            url: public_url,
+            max: starling_proto::limits::URL_LEN,
+        });
+    }
+
     if config.db.is_none() {
         std::fs::create_dir_all(&config.data_dir).map_err(|source| StartError::DataDir {
             path: config.data_dir.clone(),
@@ -291,11 +312,6 @@ pub async fn start(config: CoordinatorConfig) -> Result<Running, StartError> {
         }
     };
 
-    let public_url = config
-        .public_url
-        .clone()
-        .map(|url| url.trim_end_matches('/').to_string())
-        .unwrap_or_else(|| default_public_url(rest_addr));
     if config.public_url.is_none() && rest_addr.ip().is_unspecified() {
         tracing::warn!(
             %public_url,

@@ -57,12 +57,21 @@ pub enum RegistryChange {
     StaleTelemetry(NodeId),
     /// A status repeated the state already known.
     Unchanged(NodeId),
+    /// A status arrived before the node's capability: it is held (not shown)
+    /// and applied when the capability arrives. Agents may publish their status
+    /// first, and a broker replays retained messages in its own order.
+    AwaitingCapability(NodeId),
 }
+
+/// Most statuses held for nodes whose capability has not arrived; beyond it,
+/// such statuses are refused so that a flood of made-up node ids costs nothing.
+pub const MAX_HELD_STATUSES: usize = 1024;
 
 /// All known nodes, ordered by id.
 #[derive(Debug, Clone, Default)]
 pub struct Registry {
     nodes: BTreeMap<NodeId, NodeEntry>,
+    held_statuses: BTreeMap<NodeId, NodeState>,
 }
 
 fn same_node(topic_node: &NodeId, payload_node: &NodeId) -> Result<(), RegistryError> {
@@ -97,15 +106,23 @@ impl Registry {
                 entry.last_seen_ms = now_ms;
             }
             None => {
+                let state = self.held_statuses.remove(&id);
                 self.nodes.insert(
                     id.clone(),
                     NodeEntry {
                         capability,
                         telemetry: None,
-                        state: None,
+                        state,
                         last_seen_ms: now_ms,
                     },
                 );
+                // A held status counts as a change now that the node is known:
+                // an offline one must still release the node's in-flight work.
+                match state {
+                    Some(NodeState::Online) => return Ok(RegistryChange::NodeOnline(id)),
+                    Some(NodeState::Offline) => return Ok(RegistryChange::NodeOffline(id)),
+                    None => {}
+                }
             }
         }
         Ok(RegistryChange::NodeRegistered(id))
@@ -146,10 +163,15 @@ impl Registry {
     ) -> Result<RegistryChange, RegistryError> {
         same_node(topic_node, &status.node_id)?;
         let id = status.node_id.clone();
-        let entry = self
-            .nodes
-            .get_mut(&id)
-            .ok_or_else(|| RegistryError::UnknownNode(id.to_string()))?;
+        let Some(entry) = self.nodes.get_mut(&id) else {
+            let room = self.held_statuses.len() < MAX_HELD_STATUSES
+                || self.held_statuses.contains_key(&id);
+            if !room {
+                return Err(RegistryError::UnknownNode(id.to_string()));
+            }
+            self.held_statuses.insert(id.clone(), status.state);
+            return Ok(RegistryChange::AwaitingCapability(id));
+        };
         let previous = entry.state.replace(status.state);
         entry.last_seen_ms = now_ms;
         Ok(match (previous, status.state) {
@@ -254,7 +276,40 @@ pub(crate) mod tests {
         );
         assert_eq!(
             registry.apply_status(&id, status("ghost", NodeState::Online), 5),
-            Err(RegistryError::UnknownNode(id.to_string()))
+            Ok(RegistryChange::AwaitingCapability(id.clone()))
+        );
+        assert!(registry.is_empty());
+        assert_eq!(registry.nodes().count(), 0);
+    }
+
+    #[test]
+    fn a_status_before_the_capability_is_applied_when_it_arrives() {
+        let mut registry = Registry::new();
+        let id = NodeId::new("early").unwrap();
+        registry
+            .apply_status(&id, status("early", NodeState::Online), 1)
+            .unwrap();
+        assert_eq!(
+            registry.apply_capability(&id, capability("early"), 2),
+            Ok(RegistryChange::NodeOnline(id.clone()))
+        );
+        assert!(registry.get(&id).unwrap().online());
+    }
+
+    #[test]
+    fn held_statuses_are_bounded() {
+        let mut registry = Registry::new();
+        for n in 0..MAX_HELD_STATUSES {
+            let name = format!("n{n}");
+            let id = NodeId::new(&name).unwrap();
+            registry
+                .apply_status(&id, status(&name, NodeState::Online), 1)
+                .unwrap();
+        }
+        let id = NodeId::new("one-too-many").unwrap();
+        assert_eq!(
+            registry.apply_status(&id, status("one-too-many", NodeState::Online), 1),
+            Err(RegistryError::UnknownNode("one-too-many".into()))
         );
         assert!(registry.is_empty());
     }

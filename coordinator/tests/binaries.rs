@@ -138,6 +138,10 @@ fn startup_errors_say_what_to_change() {
         "{error}"
     );
 
+    let long_url = format!("http://{}.example", "x".repeat(200));
+    let error = failing_serve(&["--listen", "127.0.0.1:0", "--public-url", &long_url]);
+    assert!(error.contains("--public-url"), "{error}");
+
     let error = failing_serve(&["--listen", "nowhere"]);
     assert!(error.contains("--listen"), "{error}");
 }

@@ -33,18 +33,19 @@ async fn publish(client: &AsyncClient, topic: String, retain: bool, bytes: Vec<u
 async fn register_node(client: &AsyncClient, id: &str) {
     let topics = Topics::default();
     let node = NodeId::new(id).unwrap();
-    publish(
-        client,
-        topics.node(&node, Channel::Capability),
-        true,
-        encode(&common::capability(id)).unwrap(),
-    )
-    .await;
+    // Status first, as agents do: the coordinator holds it until the capability arrives.
     publish(
         client,
         topics.node(&node, Channel::Status),
         true,
         encode(&common::status(id, NodeState::Online)).unwrap(),
+    )
+    .await;
+    publish(
+        client,
+        topics.node(&node, Channel::Capability),
+        true,
+        encode(&common::capability(id)).unwrap(),
     )
     .await;
     publish(
