@@ -71,6 +71,9 @@ pub struct HeuristicTuning {
     pub pressure_horizon_s: f64,
     /// Joules one second of earlier finish is worth when comparing feasible choices.
     pub joules_per_second: f64,
+    /// Extra joules per second of finish time at full cluster pressure: under load,
+    /// finishing early frees capacity for the tasks behind.
+    pub pressure_joules_per_second: f64,
     /// Joules charged per second of queue wait a placement leaves on the resource
     /// it uses (CPU lanes or GPU), so that energy-cheap but scarce resources (a
     /// Jetson's GPU) are not piled up with work that could run elsewhere.
@@ -83,6 +86,10 @@ pub struct HeuristicTuning {
     /// spend capacity on a late result, until a node frees up or the deadline
     /// passes; once it has passed, the task is placed at the earliest finish.
     pub hold_hopeless: bool,
+    /// Place a task no node can finish in time where it costs least (energy plus
+    /// crowding) instead of where it finishes first: a result that is late anyway
+    /// should not push other tasks past their deadlines.
+    pub hopeless_cheapest: bool,
     /// Late binding: keep a task in the coordinator's queue, rather than in a node's
     /// FIFO, while its best node is busy and its slack allows waiting, so that a
     /// more urgent task arriving later can still go first.
@@ -96,13 +103,15 @@ impl Default for HeuristicTuning {
         Self {
             margin_fraction: 0.3,
             margin_min_ms: 100.0,
-            pressure_margin: 0.0,
-            pressure_horizon_s: 5.0,
+            pressure_margin: 0.5,
+            pressure_horizon_s: 2.0,
             joules_per_second: 0.2,
+            pressure_joules_per_second: 20.0,
             crowding_joules_per_second: 2.0,
             from_each_group: 3,
             random_sample: 6,
             hold_hopeless: false,
+            hopeless_cheapest: false,
             late_binding: false,
             late_binding_slack_ms: 500.0,
         }
@@ -291,6 +300,7 @@ struct Knobs {
     margin_min_ms: f64,
     joules_per_second: f64,
     crowding_joules_per_second: f64,
+    hopeless_cheapest: bool,
 }
 
 impl Knobs {
@@ -311,8 +321,10 @@ impl Knobs {
         Self {
             margin_fraction: tuning.margin_fraction + tuning.pressure_margin * pressure,
             margin_min_ms: tuning.margin_min_ms,
-            joules_per_second: tuning.joules_per_second,
+            joules_per_second: tuning.joules_per_second
+                + tuning.pressure_joules_per_second * pressure,
             crowding_joules_per_second: tuning.crowding_joules_per_second,
+            hopeless_cheapest: tuning.hopeless_cheapest,
         }
     }
 }
@@ -387,7 +399,11 @@ fn best_level(
     let margin = (left_ms * knobs.margin_fraction * queue_pressure).max(knobs.margin_min_ms);
     if fastest.finish_ms + margin > deadline {
         fastest.feasible = false;
-        fastest.score = -(fastest.finish_ms - round.now_ms) / 1000.0;
+        fastest.score = if knobs.hopeless_cheapest && fastest.finish_ms > deadline {
+            -fastest.energy_joules - crowding(&fastest)
+        } else {
+            -(fastest.finish_ms - round.now_ms) / 1000.0
+        };
         return Some(fastest);
     }
     let mut chosen = fastest;

@@ -256,12 +256,14 @@ impl<'a> Round<'a> {
             }
             None => (String::new(), String::new()),
         };
+        // Rounded: these are for people, and stable text makes explanations diffable.
+        let round3 = |value: f64| (value * 1000.0).round() / 1000.0;
         Alternative {
             node_id: id,
             power_level: candidate.power_level,
-            score: candidate.score,
-            finish_ms: Some(candidate.finish_ms),
-            energy_joules: Some(candidate.energy_joules),
+            score: round3(candidate.score),
+            finish_ms: Some(round3(candidate.finish_ms)),
+            energy_joules: Some(round3(candidate.energy_joules)),
             note,
         }
     }
@@ -471,18 +473,18 @@ mod tests {
     {
       "node_id": "fast",
       "power_level": 0,
-      "score": -3.91816,
+      "score": -24.826,
       "finish_ms": 12090.8,
       "energy_joules": 2.5,
       "note": "meets deadline with 27909 ms slack; 0 queued, 0.0 s backlog"
     },
     {
       "node_id": "slow",
-      "power_level": 0,
-      "score": -12.20116,
-      "finish_ms": 16005.8,
-      "energy_joules": 5.0,
-      "note": "meets deadline with 23994 ms slack; 2 queued, 2.0 s backlog"
+      "power_level": 1,
+      "score": -55.859,
+      "finish_ms": 14005.8,
+      "energy_joules": 10.0,
+      "note": "meets deadline with 25994 ms slack; 2 queued, 2.0 s backlog"
     }
   ]
 }"#;

@@ -133,8 +133,8 @@ impl Default for SimConfig {
     fn default() -> Self {
         Self {
             seed: 42,
-            duration_s: 120.0,
-            nodes_per_profile: 4,
+            duration_s: 60.0,
+            nodes_per_profile: 25,
             failure_rate_per_hour: 2.0,
             repair_s: 60.0,
             loads: vec![LoadLevel::low(), LoadLevel::medium(), LoadLevel::high()],
