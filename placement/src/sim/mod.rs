@@ -313,6 +313,16 @@ mod tests {
         let svg = report.to_svg().unwrap();
         assert!(svg.starts_with("<svg"), "{}", &svg[..80.min(svg.len())]);
         assert!(svg.contains("least-loaded") && svg.contains("energy per task"));
+        let claims = report.claims();
+        assert!(
+            claims[0].starts_with("Deadline completion at high load: the heuristic "),
+            "{claims:?}"
+        );
+        assert!(
+            claims[1].starts_with("Energy at low load: the heuristic "),
+            "{claims:?}"
+        );
+        assert!(markdown.contains(&claims[0]));
         // Every decision was timed by the fake stopwatch: one step per round.
         let row = &report.loads[0].rows[0];
         assert!(row.decisions > 0 && row.decision_ns_total > 0);
