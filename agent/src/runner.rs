@@ -6,7 +6,7 @@
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU8, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use starling_proto::limits::MAX_INLINE_OUTPUT_BYTES;
 use starling_proto::{
@@ -17,6 +17,10 @@ use tokio::sync::{mpsc, Semaphore};
 use crate::artifact::ArtifactStore;
 use crate::telemetry::TaskCounts;
 use crate::wasm::{CompiledModule, ExecError, RunRequest, WasmExecutor};
+
+/// How long past its wall limit an attempt blocked in a host call may run
+/// before the runner gives up on it.
+pub const HOST_CALL_GRACE: Duration = Duration::from_millis(500);
 
 /// How many compiled modules are kept in memory.
 const COMPILED_MODULES_KEPT: usize = 32;
@@ -223,7 +227,7 @@ impl Runner {
         let run_cancel = Arc::clone(cancel);
         let run_module = module.clone();
         let started = Instant::now();
-        let result = tokio::task::spawn_blocking(move || {
+        let execution = tokio::task::spawn_blocking(move || {
             executor.run_request(
                 &run_module,
                 RunRequest {
@@ -234,8 +238,21 @@ impl Runner {
                     cancel: Some(run_cancel),
                 },
             )
-        })
-        .await;
+        });
+        // Epoch interruption stops wasm code, not a host call the module is
+        // blocked in (a long `poll_oneoff` sleep). This outer timer catches
+        // that case: the slot is released and the attempt reported as timed
+        // out; the cancel flag stops the module if it ever returns to wasm.
+        let outer_limit = Duration::from_millis(limits.wall_ms) + HOST_CALL_GRACE;
+        let result = match tokio::time::timeout(outer_limit, execution).await {
+            Ok(result) => result,
+            Err(_) => {
+                cancel.store(true, Ordering::SeqCst);
+                Ok(Err(ExecError::Timeout {
+                    wall_ms: limits.wall_ms,
+                }))
+            }
+        };
         let wall_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
         let compile_ms = u64::try_from(module.compile_time.as_millis()).unwrap_or(u64::MAX);
         let cache_hit = fetched.cache_hit;
@@ -293,7 +310,7 @@ impl Runner {
         {
             // A cached module costs no compile time this run.
             let mut module = module.clone();
-            module.compile_time = std::time::Duration::ZERO;
+            module.compile_time = Duration::ZERO;
             return Ok(module);
         }
         let executor = Arc::clone(&self.executor);

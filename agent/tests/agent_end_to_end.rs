@@ -21,11 +21,14 @@ use tokio::sync::{mpsc, oneshot};
 struct Observer {
     client: AsyncClient,
     received: mpsc::UnboundedReceiver<(String, Vec<u8>)>,
+    held: std::collections::VecDeque<(String, Vec<u8>)>,
 }
 
 impl Observer {
     async fn start(port: u16, filter: &str) -> Self {
-        let mut options = MqttOptions::new("observer", "127.0.0.1", port);
+        static OBSERVERS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        let id = OBSERVERS.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        let mut options = MqttOptions::new(format!("observer-{id}"), "127.0.0.1", port);
         options.set_max_packet_size(2 << 20, 2 << 20);
         let (client, mut eventloop) = AsyncClient::new(options, 64);
         let (sender, received) = mpsc::unbounded_channel();
@@ -36,7 +39,9 @@ impl Observer {
             loop {
                 match eventloop.poll().await {
                     Ok(Event::Incoming(Packet::Publish(p))) => {
-                        let _ = sender.send((p.topic, p.payload.to_vec()));
+                        if sender.send((p.topic, p.payload.to_vec())).is_err() {
+                            return; // The observer was dropped.
+                        }
                     }
                     Ok(Event::Incoming(Packet::SubAck(_))) => {
                         if let Some(tx) = subscribed.take() {
@@ -49,11 +54,19 @@ impl Observer {
             }
         });
         subscribed_rx.await.unwrap();
-        Self { client, received }
+        Self {
+            client,
+            received,
+            held: std::collections::VecDeque::new(),
+        }
     }
 
-    /// The next message on `topic` within `timeout`, skipping others.
+    /// The next message on `topic` within `timeout`; messages on other topics
+    /// are kept for later calls, so the order of topics does not matter.
     async fn next_on(&mut self, topic: &str, timeout: Duration) -> Option<Vec<u8>> {
+        if let Some(index) = self.held.iter().position(|(t, _)| t == topic) {
+            return self.held.remove(index).map(|(_, payload)| payload);
+        }
         let deadline = tokio::time::Instant::now() + timeout;
         loop {
             let (t, payload) = tokio::time::timeout_at(deadline, self.received.recv())
@@ -62,6 +75,7 @@ impl Observer {
             if t == topic {
                 return Some(payload);
             }
+            self.held.push_back((t, payload));
         }
     }
 
@@ -430,4 +444,88 @@ async fn restarted_agent_remembers_attempts() {
     assert!(extra.is_none(), "the restarted agent ran the attempt again");
     stop.send(()).unwrap();
     second.await.unwrap().unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn agent_reconnects_after_the_broker_restarts() {
+    let mut broker = Mosquitto::start();
+    let http = HttpServer::start().await;
+    let echo = wat::parse_str(support::ECHO_WAT).unwrap();
+    let digest = sha256(&echo);
+    let url = http.serve("/echo", echo);
+    let topics = Topics::default();
+    let node = NodeId::new("bouncy").unwrap();
+    let data_dir = tempfile::tempdir().unwrap();
+    let config = AgentConfig {
+        broker: broker.url.clone(),
+        node_id: Some(node.to_string()),
+        data_dir: data_dir.path().to_owned(),
+        telemetry_interval: Duration::from_millis(200),
+        ..AgentConfig::default()
+    };
+    let (stop, stopped) = oneshot::channel::<()>();
+    let agent = tokio::spawn(starling_agent::run(config, async {
+        let _ = stopped.await;
+    }));
+    {
+        let mut observer = Observer::start(broker.port, "starling/v1/nodes/bouncy/#").await;
+        observer
+            .next_on(
+                &topics.node(&node, Channel::Capability),
+                Duration::from_secs(30),
+            )
+            .await
+            .expect("no capability");
+    }
+
+    // The broker restarts without persistence: it forgets the agent's session,
+    // its subscriptions and every retained message.
+    broker.restart();
+    let mut observer = Observer::start(broker.port, "starling/v1/nodes/bouncy/#").await;
+    let status: Status = starling_proto::decode(
+        &observer
+            .next_on(
+                &topics.node(&node, Channel::Status),
+                Duration::from_secs(30),
+            )
+            .await
+            .expect("no status after the broker restarted"),
+    )
+    .unwrap();
+    assert_eq!(status.state, NodeState::Online);
+    observer
+        .next_on(
+            &topics.node(&node, Channel::Capability),
+            Duration::from_secs(30),
+        )
+        .await
+        .expect("capability not re-published after the broker lost it");
+
+    // Subscriptions were renewed: work still arrives.
+    let task = assignment(
+        "after-bounce",
+        digest,
+        &url,
+        b"still here",
+        ExecLimits::default(),
+    );
+    observer
+        .publish(
+            topics.node(&node, Channel::Assign),
+            starling_proto::encode(&task).unwrap(),
+        )
+        .await;
+    let mut last = observer.next_event(&topics, &node).await;
+    while !last.state.is_terminal() {
+        last = observer.next_event(&topics, &node).await;
+    }
+    assert_eq!(last.state, TaskState::Succeeded);
+    assert_eq!(last.output, b"still here");
+
+    stop.send(()).unwrap();
+    tokio::time::timeout(Duration::from_secs(10), agent)
+        .await
+        .expect("the agent did not stop")
+        .unwrap()
+        .unwrap();
 }

@@ -143,3 +143,52 @@ async fn bytes_that_are_not_wasm_fail_as_invalid_module() {
     assert_eq!(event.state, TaskState::Failed);
     assert_eq!(event.reason, Some(FailureReason::InvalidModule));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_module_asleep_in_a_host_call_still_times_out() {
+    // poll_oneoff on one 30-second relative clock subscription.
+    let sleeper = r#"
+    (module
+      (import "wasi_snapshot_preview1" "poll_oneoff" (func $poll (param i32 i32 i32 i32) (result i32)))
+      (memory (export "memory") 1)
+      (func (export "_start")
+        (i64.store (i32.const 0) (i64.const 1))            ;; userdata
+        (i32.store8 (i32.const 8) (i32.const 0))           ;; tag: clock
+        (i32.store (i32.const 16) (i32.const 1))           ;; clock id: monotonic
+        (i64.store (i32.const 24) (i64.const 30000000000)) ;; timeout: 30 s
+        (i64.store (i32.const 32) (i64.const 0))           ;; precision
+        (i32.store16 (i32.const 40) (i32.const 0))         ;; flags: relative
+        (drop (call $poll (i32.const 0) (i32.const 100) (i32.const 1) (i32.const 200)))))
+    "#;
+    let http = HttpServer::start().await;
+    let bytes = wat::parse_str(sleeper).unwrap();
+    let digest = sha256(&bytes);
+    let url = http.serve("/sleep", bytes);
+    let dir = tempfile::tempdir().unwrap();
+    let (events_tx, mut events) = mpsc::unbounded_channel();
+    let runner = Arc::new(Runner::new(
+        NodeId::new("n").unwrap(),
+        Arc::new(WasmExecutor::new().unwrap()),
+        ArtifactStore::open(dir.path(), 1 << 20).unwrap(),
+        1,
+        0,
+        events_tx,
+    ));
+    let mut task = spin_assignment("sleepy", &url, digest);
+    task.limits.wall_ms = 300;
+    let started = std::time::Instant::now();
+    runner
+        .clone()
+        .run_attempt(task, Arc::new(AtomicBool::new(false)))
+        .await;
+    assert_eq!(events.recv().await.unwrap().state, TaskState::Running);
+    let event = events.recv().await.unwrap();
+    assert_eq!(event.state, TaskState::Failed);
+    assert_eq!(event.reason, Some(FailureReason::Timeout));
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "{:?}",
+        started.elapsed()
+    );
+    assert_eq!(runner.counters().snapshot(), TaskCounts::default());
+}

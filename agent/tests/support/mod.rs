@@ -35,21 +35,7 @@ impl Mosquitto {
             format!("listener {port} 127.0.0.1\nallow_anonymous true\npersistence false\n"),
         )
         .unwrap();
-        let child = Command::new("/usr/sbin/mosquitto")
-            .arg("-c")
-            .arg(&config)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("spawn /usr/sbin/mosquitto");
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-            assert!(
-                Instant::now() < deadline,
-                "mosquitto did not start on {port}"
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        let child = spawn_mosquitto(&config, port);
         Self {
             port,
             url: format!("mqtt://127.0.0.1:{port}"),
@@ -57,6 +43,35 @@ impl Mosquitto {
             _dir: dir,
         }
     }
+}
+
+impl Mosquitto {
+    /// Stops the broker and starts a fresh one (no persistence) on the same port.
+    pub fn restart(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let config = self._dir.path().join("mosquitto.conf");
+        self.child = spawn_mosquitto(&config, self.port);
+    }
+}
+
+fn spawn_mosquitto(config: &std::path::Path, port: u16) -> Child {
+    let child = Command::new("/usr/sbin/mosquitto")
+        .arg("-c")
+        .arg(config)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("spawn /usr/sbin/mosquitto");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(
+            Instant::now() < deadline,
+            "mosquitto did not start on {port}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    child
 }
 
 impl Drop for Mosquitto {
