@@ -18,8 +18,8 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use starling_proto::{ExecLimits, ExecMetrics, FailureReason};
 use wasmtime::{
-    Config, Engine, Linker, Module, ResourceLimiter, Store, StoreLimits, StoreLimitsBuilder,
-    UpdateDeadline,
+    Config, Engine, ExternType, InstancePre, Linker, Module, ResourceLimiter, Store, StoreLimits,
+    StoreLimitsBuilder, UpdateDeadline,
 };
 use wasmtime_wasi::cli::{IsTerminal, StdoutStream};
 use wasmtime_wasi::p1::WasiP1Ctx;
@@ -141,10 +141,13 @@ pub struct ExecOutcome {
     pub metrics: ExecMetrics,
 }
 
-/// A compiled module, ready to run any number of times.
+/// A compiled module, its imports already resolved against WASI preview 1,
+/// ready to be instantiated and run any number of times by the executor that
+/// compiled it.
 #[derive(Clone)]
 pub struct CompiledModule {
     module: Module,
+    pre: InstancePre<TaskState>,
     /// How long compilation took.
     pub compile_time: Duration,
 }
@@ -412,14 +415,36 @@ impl WasmExecutor {
 
     /// Compiles a module from its binary form. Text (WAT) and anything that is
     /// not a valid module is refused with [`ExecError::InvalidModule`].
+    ///
+    /// A valid module that this runtime cannot run (imports beyond WASI
+    /// preview 1, no `_start: () -> ()` export) is refused here with
+    /// [`ExecError::Unrunnable`], before any attempt is made.
     pub fn compile(&self, bytes: &[u8]) -> Result<CompiledModule, ExecError> {
         let started = Instant::now();
         let module =
             Module::from_binary(&self.engine, bytes).map_err(|e| ExecError::InvalidModule {
                 detail: format!("{e:#}"),
             })?;
+        match module.get_export("_start") {
+            Some(ExternType::Func(signature))
+                if signature.params().len() == 0 && signature.results().len() == 0 => {}
+            _ => {
+                return Err(ExecError::Unrunnable {
+                    detail: "the module exports no `_start` function of type () -> () \
+                             (build it as a WASI command, e.g. for wasm32-wasip1)"
+                        .to_owned(),
+                })
+            }
+        }
+        let pre = self
+            .linker
+            .instantiate_pre(&module)
+            .map_err(|e| ExecError::Unrunnable {
+                detail: format!("{e:#}; tasks may import only wasi_snapshot_preview1"),
+            })?;
         Ok(CompiledModule {
             module,
+            pre,
             compile_time: started.elapsed(),
         })
     }
@@ -452,6 +477,11 @@ impl WasmExecutor {
         module: &CompiledModule,
         request: RunRequest<'_>,
     ) -> Result<ExecOutcome, ExecError> {
+        if !Engine::same(module.module.engine(), &self.engine) {
+            return Err(ExecError::Internal {
+                detail: "the module was compiled by another executor".to_owned(),
+            });
+        }
         let limits = request.limits;
         let output_limit = usize::try_from(limits.output_bytes).unwrap_or(usize::MAX);
         let memory_limit = usize::try_from(limits.memory_bytes).unwrap_or(usize::MAX);
@@ -564,18 +594,12 @@ impl WasmExecutor {
         store: &mut Store<TaskState>,
         module: &CompiledModule,
     ) -> wasmtime::Result<()> {
-        let instance = self.linker.instantiate(&mut *store, &module.module)?;
-        let start = instance
-            .get_typed_func::<(), ()>(&mut *store, "_start")
-            .map_err(|e| wasmtime::Error::new(MissingStart(format!("{e}"))))?;
+        let instance = module.pre.instantiate(&mut *store)?;
+        // `compile` checked that `_start` exists with this type.
+        let start = instance.get_typed_func::<(), ()>(&mut *store, "_start")?;
         start.call(&mut *store, ())
     }
 }
-
-/// The module has no callable `_start` export.
-#[derive(Debug, thiserror::Error)]
-#[error("the module exports no `_start` function of type () -> (): {0}")]
-struct MissingStart(String);
 
 /// Works out which limit or fault ended a run that did not exit normally.
 fn classify_failure(
@@ -605,15 +629,7 @@ fn classify_failure(
             limit_bytes: limits.output_bytes,
         };
     }
-    if let Some(missing) = error.downcast_ref::<MissingStart>() {
-        return ExecError::Unrunnable {
-            detail: missing.to_string(),
-        };
-    }
     let text = format!("{error:#}");
-    if error.downcast_ref::<wasmtime::Trap>().is_none() && text.contains("unknown import") {
-        return ExecError::Unrunnable { detail: text };
-    }
     ExecError::Trap {
         detail: format!("{text}{}", stderr_suffix(stderr)),
     }
@@ -920,20 +936,29 @@ mod tests {
     }
 
     #[test]
-    fn module_without_start_or_with_foreign_imports_is_refused() {
+    fn module_without_start_or_with_foreign_imports_is_refused_at_compile() {
         let executor = executor();
-        let module = compile(&executor, r#"(module (func (export "main")))"#);
-        let err = executor
-            .run(&module, b"", &[], &ExecLimits::default())
-            .unwrap_err();
-        assert!(matches!(err, ExecError::Unrunnable { .. }), "{err}");
-        let module = compile(
-            &executor,
+        for text in [
+            r#"(module (func (export "main")))"#,
+            r#"(module (func (export "_start") (param i32)))"#,
             r#"(module (import "env" "open_socket" (func)) (func (export "_start")))"#,
-        );
-        let err = executor
-            .run(&module, b"", &[], &ExecLimits::default())
+        ] {
+            let err = executor
+                .compile(&wat::parse_str(text).unwrap())
+                .unwrap_err();
+            assert!(matches!(err, ExecError::Unrunnable { .. }), "{err}");
+            assert_eq!(err.failure_reason(), FailureReason::InvalidModule);
+        }
+    }
+
+    #[test]
+    fn modules_are_tied_to_their_executor() {
+        let first = executor();
+        let second = executor();
+        let module = compile(&first, ECHO);
+        let err = second
+            .run(&module, b"x", &[], &ExecLimits::default())
             .unwrap_err();
-        assert!(matches!(err, ExecError::Unrunnable { .. }), "{err}");
+        assert!(matches!(err, ExecError::Internal { .. }), "{err}");
     }
 }
