@@ -17,6 +17,8 @@ pub struct NodeEntry {
     pub state: Option<NodeState>,
     /// When anything was last heard from it, Unix milliseconds.
     pub last_seen_ms: u64,
+    /// When its latest telemetry arrived, Unix milliseconds.
+    pub telemetry_received_ms: Option<u64>,
 }
 
 impl NodeEntry {
@@ -114,6 +116,7 @@ impl Registry {
                         telemetry: None,
                         state,
                         last_seen_ms: now_ms,
+                        telemetry_received_ms: None,
                     },
                 );
                 // A held status counts as a change now that the node is known:
@@ -151,6 +154,7 @@ impl Registry {
         }
         entry.telemetry = Some(telemetry);
         entry.last_seen_ms = now_ms;
+        entry.telemetry_received_ms = Some(now_ms);
         Ok(RegistryChange::TelemetryUpdated(id))
     }
 

@@ -13,7 +13,7 @@ use starling_proto::{encode, Assignment, Channel, NodeId, TaskId, PROTOCOL_VERSI
 use tokio::sync::watch;
 
 use crate::store::{StoreError, TaskRecord};
-use crate::task::{unix_now_ms, TaskKind};
+use crate::task::{unix_now_ms, TaskKind, TaskStatus};
 use crate::Shared;
 
 /// Most pending tasks handed to the policy in one round.
@@ -96,13 +96,22 @@ pub fn pending_task(key: u64, record: &TaskRecord) -> PendingTask {
     }
 }
 
+/// One node of the view: its id and when its latest telemetry arrived.
+struct ViewNode {
+    id: NodeId,
+    telemetry_received_ms: Option<u64>,
+}
+
 /// Builds the cluster view from the registry, in node-id order.
-fn cluster_view(shared: &Shared, now_ms: u64) -> (ClusterView, Vec<NodeId>) {
+fn cluster_view(shared: &Shared, now_ms: u64) -> (ClusterView, Vec<ViewNode>) {
     let registry = shared.registry();
     let mut ids = Vec::with_capacity(registry.len());
     let mut nodes = Vec::with_capacity(registry.len());
     for entry in registry.nodes() {
-        ids.push(entry.capability.node_id.clone());
+        ids.push(ViewNode {
+            id: entry.capability.node_id.clone(),
+            telemetry_received_ms: entry.telemetry_received_ms,
+        });
         nodes.push(NodeView::from_reports(
             &entry.capability,
             entry.telemetry.as_ref(),
@@ -123,15 +132,28 @@ pub(crate) async fn schedule_round(
     }
     let now_ms = unix_now_ms();
     let (mut view, ids) = cluster_view(shared, now_ms);
-    // Work already out on nodes occupies them; the view must say so.
+    // Work already out on nodes occupies them; the view must say so. A node's
+    // telemetry already counts the work it reported after the task's last
+    // change (its load and task counts), so only work newer than the node's
+    // latest telemetry is added here, lest it count twice.
     for record in shared.store.in_flight_tasks(IN_FLIGHT_WINDOW).await? {
         let Some(node) = record.node_id.as_deref() else {
             continue;
         };
-        if let Some(index) = ids.iter().position(|id| id.as_str() == node) {
-            let task = pending_task(u64::MAX, &record);
-            view.commit(index, &task, record.power_level.unwrap_or(0));
+        let Some(index) = ids
+            .iter()
+            .position(|view_node| view_node.id.as_str() == node)
+        else {
+            continue;
+        };
+        let reported = ids[index]
+            .telemetry_received_ms
+            .is_some_and(|received| received > record.updated_ms);
+        if record.status == TaskStatus::Running && reported {
+            continue;
         }
+        let task = pending_task(u64::MAX, &record);
+        view.commit(index, &task, record.power_level.unwrap_or(0));
     }
     let queue: Vec<PendingTask> = pending
         .iter()
@@ -156,7 +178,7 @@ pub(crate) async fn schedule_round(
             .unwrap_or_else(|error| serde_json::json!({ "error": error.to_string() }));
         match decision.outcome {
             Outcome::Place { node, power_level } => {
-                let Some(node_id) = ids.get(node) else {
+                let Some(node_id) = ids.get(node).map(|view_node| &view_node.id) else {
                     tracing::warn!(node, "policy chose a node outside the view");
                     continue;
                 };
