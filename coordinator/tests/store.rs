@@ -321,3 +321,89 @@ async fn unreachable_or_unsupported_databases_are_reported() {
     assert!(error.contains("cannot open database"), "{error}");
     assert!(!error.contains("pw@"), "password must not leak: {error}");
 }
+
+mod redeliveries {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn state_strategy() -> impl Strategy<Value = TaskState> {
+        prop_oneof![
+            Just(TaskState::Accepted),
+            Just(TaskState::Running),
+            Just(TaskState::Succeeded),
+            Just(TaskState::Failed),
+            Just(TaskState::Cancelled),
+        ]
+    }
+
+    /// What a test can compare of a task: everything but receive times.
+    async fn snapshot(store: &Store) -> (TaskStatus, Option<Vec<u8>>, Vec<(u32, String)>) {
+        let task = store.task("t").await.unwrap().unwrap();
+        let events = store
+            .events("t")
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|e| (e.attempt, e.state))
+            .collect();
+        (task.status, task.output, events)
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(24))]
+
+        /// Any sequence of events, delivered again in full, changes nothing the
+        /// second time, and the store keeps one row per attempt and state.
+        #[test]
+        fn recording_is_idempotent(sequence in proptest::collection::vec((1u32..=2, state_strategy()), 1..12)) {
+            let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+            runtime.block_on(async {
+                let dir = tempfile::tempdir().unwrap();
+                let store = Store::open(&format!("sqlite://{}", dir.path().join("p.db").display())).await.unwrap();
+                let bytes = common::minimal_wasm();
+                let digest = Digest(Sha256::digest(&bytes).into());
+                store.put_artifact(&digest, &bytes, 0).await.unwrap();
+                store.insert_task(&new_task("t", digest, 0)).await.unwrap();
+                let explanation = serde_json::json!({});
+                assert!(store.assign_task("t", 1, "n", 0, &explanation, 1).await.unwrap());
+                let events: Vec<TaskEvent> = sequence
+                    .iter()
+                    .map(|(attempt, state)| {
+                        let mut event = event("t", *attempt, "n", *state);
+                        event.output = format!("{attempt}{state:?}").into_bytes();
+                        event
+                    })
+                    .collect();
+                for event in &events {
+                    store.record_event(event, 2, MAX_ATTEMPTS).await.unwrap();
+                }
+                let once = snapshot(&store).await;
+                for event in &events {
+                    assert_eq!(store.record_event(event, 3, MAX_ATTEMPTS).await.unwrap(), EventOutcome::Duplicate);
+                }
+                let twice = snapshot(&store).await;
+                assert_eq!(&once, &twice);
+                let mut distinct: Vec<(u32, String)> = sequence
+                    .iter()
+                    .map(|(attempt, state)| (*attempt, format!("{state:?}").to_lowercase()))
+                    .collect();
+                distinct.sort();
+                distinct.dedup();
+                let mut stored = once.2.clone();
+                stored.sort();
+                assert_eq!(stored, distinct);
+                // Attempt 2 was never assigned: its events never move the task.
+                let first_terminal = sequence
+                    .iter()
+                    .find(|(attempt, state)| *attempt == 1 && state.is_terminal());
+                match first_terminal {
+                    Some((_, TaskState::Succeeded)) => assert_eq!(once.0, TaskStatus::Succeeded),
+                    Some((_, TaskState::Failed)) => assert_eq!(once.0, TaskStatus::Failed),
+                    Some((_, _)) => assert_eq!(once.0, TaskStatus::Cancelled),
+                    None => assert!(once.0.is_in_flight(), "{:?}", once.0),
+                }
+                store.close().await;
+            });
+        }
+    }
+}
