@@ -290,9 +290,24 @@ pub struct TaskListQuery {
     pub limit: Option<u32>,
 }
 
+/// Declares the optional bearer token in the OpenAPI document.
+struct BearerToken;
+
+impl utoipa::Modify for BearerToken {
+    fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
+        use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
+        let components = openapi.components.get_or_insert_with(Default::default);
+        components.add_security_scheme(
+            "bearer",
+            SecurityScheme::Http(HttpBuilder::new().scheme(HttpAuthScheme::Bearer).build()),
+        );
+    }
+}
+
 /// The OpenAPI document of this API.
 #[derive(OpenApi)]
 #[openapi(
+    modifiers(&BearerToken),
     info(
         title = "Starling coordinator API",
         description = "Nodes, artifacts and tasks of a Starling coordinator. Mutating calls need `Authorization: Bearer TOKEN` when the coordinator has an API token."
@@ -547,6 +562,7 @@ pub fn validate_wasm(bytes: &[u8]) -> Result<(), String> {
 #[utoipa::path(
     post,
     path = "/api/v1/artifacts",
+    security((), ("bearer" = [])),
     request_body(content = Vec<u8>, content_type = "application/wasm", description = "The module's bytes"),
     responses(
         (status = 201, description = "Stored (or already stored)", body = ArtifactStored),
@@ -715,6 +731,7 @@ fn check_submission(submission: &SubmitTask) -> Result<(Vec<u8>, f64), ApiError>
     post,
     path = "/api/v1/tasks",
     request_body = SubmitTask,
+    security((), ("bearer" = [])),
     responses(
         (status = 201, description = "Accepted; the task is pending", body = TaskDetail),
         (status = 400, description = "Invalid submission", body = ApiError),
@@ -888,6 +905,7 @@ async fn get_task(
 #[utoipa::path(
     post,
     path = "/api/v1/tasks/{id}/cancel",
+    security((), ("bearer" = [])),
     params(("id" = String, Path, description = "The task's id")),
     responses(
         (status = 200, description = "Cancelled (it was pending)", body = TaskDetail),

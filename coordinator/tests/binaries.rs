@@ -138,6 +138,27 @@ fn startup_errors_say_what_to_change() {
         "{error}"
     );
 
+    // The environment beats the config file.
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("coordinator.toml");
+    std::fs::write(&config, "policy = \"heuristic\"\n").unwrap();
+    let output = serve(
+        dir.path(),
+        &[
+            "--config",
+            config.to_str().unwrap(),
+            "--listen",
+            "127.0.0.1:0",
+            "--mqtt-listen",
+            "127.0.0.1:0",
+        ],
+    )
+    .env("STARLING_POLICY", "tea-leaves")
+    .output()
+    .unwrap();
+    assert!(!output.status.success());
+    assert!(String::from_utf8_lossy(&output.stderr).contains("tea-leaves"));
+
     let long_url = format!("http://{}.example", "x".repeat(200));
     let error = failing_serve(&["--listen", "127.0.0.1:0", "--public-url", &long_url]);
     assert!(error.contains("--public-url"), "{error}");
