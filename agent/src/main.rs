@@ -149,31 +149,41 @@ fn execute(cli: Cli) -> anyhow::Result<()> {
                 .enable_all()
                 .build()
                 .context("cannot start the async runtime")?;
-            runtime.block_on(starling_agent::run(config, shutdown_signal()))?;
+            runtime.block_on(async {
+                let shutdown = shutdown_signal()?;
+                starling_agent::run(config, shutdown).await?;
+                anyhow::Ok(())
+            })?;
             Ok(())
         }
     }
 }
 
 /// Resolves on Ctrl-C or SIGTERM (systemd's stop).
-async fn shutdown_signal() {
-    let interrupt = tokio::signal::ctrl_c();
+///
+/// The SIGTERM handler is installed here, before the probe initialises the
+/// OpenCL platform: PoCL (through LLVM) installs handlers of its own that end
+/// the process on SIGTERM, and only handlers present before it are restored
+/// and honoured. The returned future must be created at start for that reason.
+fn shutdown_signal() -> anyhow::Result<impl std::future::Future<Output = ()> + Send> {
     #[cfg(unix)]
     {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut terminate) => {
-                tokio::select! {
-                    _ = interrupt => {}
-                    _ = terminate.recv() => {}
-                }
+        use tokio::signal::unix::{signal, SignalKind};
+        let mut terminate =
+            signal(SignalKind::terminate()).context("cannot install the SIGTERM handler")?;
+        let mut interrupt =
+            signal(SignalKind::interrupt()).context("cannot install the SIGINT handler")?;
+        Ok(async move {
+            tokio::select! {
+                _ = interrupt.recv() => {}
+                _ = terminate.recv() => {}
             }
-            Err(_) => {
-                let _ = interrupt.await;
-            }
-        }
+        })
     }
     #[cfg(not(unix))]
     {
-        let _ = interrupt.await;
+        Ok(async {
+            let _ = tokio::signal::ctrl_c().await;
+        })
     }
 }

@@ -2,6 +2,8 @@
 //! and the start error when no broker is there.
 #![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
 
+mod support;
+
 use std::process::Command;
 
 fn agent() -> Command {
@@ -109,4 +111,64 @@ fn bad_settings_and_missing_broker_fail_in_one_line() {
         )),
         "{stderr}"
     );
+}
+
+#[test]
+fn sigterm_stops_the_agent_cleanly_with_an_offline_status() {
+    let broker = support::Mosquitto::start();
+    let dir = tempfile::tempdir().unwrap();
+    let mut child = agent()
+        .args(["run", "--node-id", "term-test", "--broker", &broker.url])
+        .arg("--data-dir")
+        .arg(dir.path())
+        .env("RUST_LOG", "info")
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Wait until the agent's retained capability is on the broker.
+    let capability = Command::new("mosquitto_sub")
+        .args(["-h", "127.0.0.1", "-p", &broker.port.to_string()])
+        .args([
+            "-t",
+            "starling/v1/nodes/term-test/capability",
+            "-C",
+            "1",
+            "-W",
+            "30",
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        capability.status.success(),
+        "the agent never published its capability"
+    );
+
+    let killed = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(killed.success());
+    let out = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "exit {:?}: {stderr}", out.status);
+    assert!(stderr.contains("shutting down"), "{stderr}");
+
+    let status = Command::new("mosquitto_sub")
+        .args(["-h", "127.0.0.1", "-p", &broker.port.to_string()])
+        .args([
+            "-t",
+            "starling/v1/nodes/term-test/status",
+            "-C",
+            "1",
+            "-W",
+            "10",
+            "-F",
+            "%x",
+        ])
+        .output()
+        .unwrap();
+    let hex = String::from_utf8_lossy(&status.stdout).trim().to_owned();
+    let status: starling_proto::Status =
+        starling_proto::decode(&hex::decode(hex).unwrap()).unwrap();
+    assert_eq!(status.state, starling_proto::NodeState::Offline);
 }
