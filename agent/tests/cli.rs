@@ -117,7 +117,7 @@ fn bad_settings_and_missing_broker_fail_in_one_line() {
 fn sigterm_stops_the_agent_cleanly_with_an_offline_status() {
     let broker = support::Mosquitto::start();
     let dir = tempfile::tempdir().unwrap();
-    let mut child = agent()
+    let child = agent()
         .args(["run", "--node-id", "term-test", "--broker", &broker.url])
         .arg("--data-dir")
         .arg(dir.path())
