@@ -233,7 +233,8 @@ pub struct LostTask {
     pub task_id: String,
     /// The attempt that was lost.
     pub attempt: u32,
-    /// `Pending` when it will be retried, `Failed` when its attempts ran out.
+    /// `Pending` when it will be retried, `Failed` when its attempts ran out,
+    /// `Cancelled` when a cancel was requested.
     pub status: TaskStatus,
 }
 
@@ -801,7 +802,8 @@ impl Store {
 
     /// Handles a node gone offline: each of its in-flight attempts is marked
     /// lost; the task goes back to `pending` for a new attempt, or to `failed`
-    /// (reason `node_lost`) once `max_attempts` attempts were made.
+    /// (reason `node_lost`) once `max_attempts` attempts were made, or to
+    /// `cancelled` when a cancel was pending.
     pub async fn requeue_node_tasks(
         &self,
         node_id: &str,
@@ -810,20 +812,22 @@ impl Store {
     ) -> Result<Vec<LostTask>, StoreError> {
         let mark_attempts = "UPDATE attempts SET state = 'lost', finished_ms = $2 \
                              WHERE node_id = $1 AND state IN ('assigned', 'accepted', 'running')";
-        let select =
-            "SELECT id, attempt FROM tasks WHERE node_id = $1 AND state IN ('assigned', 'running')";
+        let select = "SELECT id, attempt, cancel_requested FROM tasks \
+                      WHERE node_id = $1 AND state IN ('assigned', 'running')";
         let insert_event = "INSERT INTO events (task_id, attempt, state, node_id, received_ms, output_bytes) \
                             VALUES ($1, $2, 'lost', $3, $4, 0) ON CONFLICT (task_id, attempt, state) DO NOTHING";
         let retry = "UPDATE tasks SET state = 'pending', node_id = NULL, power_level = NULL, updated_ms = $2 \
                      WHERE id = $1";
+        let cancel = "UPDATE tasks SET state = 'cancelled', updated_ms = $2 WHERE id = $1";
         let give_up = "UPDATE tasks SET state = 'failed', failure_reason = 'node_lost', failure_message = $3, \
                        updated_ms = $2 WHERE id = $1";
         let lost = with_pool!(self, pool => {
             let mut tx = pool.begin().await?;
             sqlx::query(mark_attempts).bind(node_id).bind(to_db(now_ms)).execute(&mut *tx).await?;
-            let rows: Vec<(String, i64)> = sqlx::query_as(select).bind(node_id).fetch_all(&mut *tx).await?;
+            let rows: Vec<(String, i64, i64)> =
+                sqlx::query_as(select).bind(node_id).fetch_all(&mut *tx).await?;
             let mut lost = Vec::with_capacity(rows.len());
-            for (task_id, attempt) in rows {
+            for (task_id, attempt, cancel_requested) in rows {
                 let attempt = u32::try_from(attempt).unwrap_or(0);
                 sqlx::query(insert_event)
                     .bind(&task_id)
@@ -832,7 +836,11 @@ impl Store {
                     .bind(to_db(now_ms))
                     .execute(&mut *tx)
                     .await?;
-                let status = if attempt < max_attempts {
+                let status = if cancel_requested != 0 {
+                    // Its submitter wanted it stopped; the node is gone, so it is.
+                    sqlx::query(cancel).bind(&task_id).bind(to_db(now_ms)).execute(&mut *tx).await?;
+                    TaskStatus::Cancelled
+                } else if attempt < max_attempts {
                     sqlx::query(retry).bind(&task_id).bind(to_db(now_ms)).execute(&mut *tx).await?;
                     TaskStatus::Pending
                 } else {

@@ -245,6 +245,28 @@ async fn exercise(store: &Store) {
         store.request_cancel("ghost", 7_500).await.unwrap(),
         CancelOutcome::NotFound
     );
+    // A cancel in flight when the node vanishes ends the task as cancelled.
+    store
+        .insert_task(&new_task("task-6", digest, 7_600))
+        .await
+        .unwrap();
+    assert!(store
+        .assign_task("task-6", 1, "node-e", 0, &explanation, 7_700)
+        .await
+        .unwrap());
+    assert!(matches!(
+        store.request_cancel("task-6", 7_800).await.unwrap(),
+        CancelOutcome::SendCancel { .. }
+    ));
+    let lost = store
+        .requeue_node_tasks("node-e", MAX_ATTEMPTS, 7_900)
+        .await
+        .unwrap();
+    assert_eq!(lost[0].status, TaskStatus::Cancelled);
+    assert_eq!(
+        store.task("task-6").await.unwrap().unwrap().status,
+        TaskStatus::Cancelled
+    );
 
     // An agent too busy to run it: back to pending for another attempt.
     store
@@ -275,7 +297,7 @@ async fn exercise(store: &Store) {
         .await
         .unwrap();
     let ids: Vec<_> = filtered.iter().map(|t| t.spec.id.as_str()).collect();
-    assert_eq!(ids, ["task-4", "task-3"]);
+    assert_eq!(ids, ["task-6", "task-4", "task-3"]);
 }
 
 #[tokio::test]
@@ -292,7 +314,7 @@ async fn sqlite_store_round_trips() {
     store.close().await;
     // Reopening runs the migrations again without harm and keeps the data.
     let again = Store::open(&url).await.unwrap();
-    assert_eq!(again.list_tasks(None, 100).await.unwrap().len(), 5);
+    assert_eq!(again.list_tasks(None, 100).await.unwrap().len(), 6);
     again.close().await;
 }
 
@@ -304,7 +326,7 @@ async fn postgres_store_round_trips() {
     exercise(&store).await;
     store.close().await;
     let again = Store::open(&db.url).await.unwrap();
-    assert_eq!(again.list_tasks(None, 100).await.unwrap().len(), 5);
+    assert_eq!(again.list_tasks(None, 100).await.unwrap().len(), 6);
     again.close().await;
     db.drop_database().await;
 }
