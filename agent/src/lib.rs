@@ -5,7 +5,7 @@
 //! connection, telemetry timer, runners); [`session`] is the protocol logic it
 //! drives, without I/O; [`runner`] takes one attempt from assignment to final
 //! event; [`journal`] remembers attempts across restarts; [`artifact`] fetches
-//! and caches modules by digest; [`wasm`] runs them under limits; [`probe`]
+//! and caches modules by digest; [`wasm`] runs them under limits; [`mod@probe`]
 //! and [`telemetry`] describe the device; [`config`] merges flags,
 //! environment, file and defaults.
 

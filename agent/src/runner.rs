@@ -22,6 +22,9 @@ use crate::wasm::{CompiledModule, ExecError, RunRequest, WasmExecutor};
 /// before the runner gives up on it.
 pub const HOST_CALL_GRACE: Duration = Duration::from_millis(500);
 
+/// How often a queued attempt checks its cancel flag.
+const QUEUED_CANCEL_POLL: Duration = Duration::from_millis(50);
+
 /// How many compiled modules are kept in memory.
 const COMPILED_MODULES_KEPT: usize = 32;
 
@@ -154,12 +157,30 @@ impl Runner {
     pub async fn run_attempt(self: Arc<Self>, assignment: Assignment, cancel: Arc<AtomicBool>) {
         let final_event = {
             let queued = CountGuard::enter(&self.counters.queued);
-            let permit = self.slots.acquire().await;
+            let permit = {
+                // Wait for a slot, but answer a cancel while queued at once
+                // rather than when a slot frees up.
+                let acquire = self.slots.acquire();
+                tokio::pin!(acquire);
+                loop {
+                    tokio::select! {
+                        permit = &mut acquire => break Some(permit),
+                        () = tokio::time::sleep(QUEUED_CANCEL_POLL) => {
+                            if cancel.load(Ordering::SeqCst) {
+                                break None;
+                            }
+                        }
+                    }
+                }
+            };
             drop(queued);
-            let _running = CountGuard::enter(&self.counters.running);
             match permit {
-                Ok(_permit) => self.execute(&assignment, &cancel).await,
-                Err(_) => self.failed_event(
+                None => self.state_event(&assignment, TaskState::Cancelled),
+                Some(Ok(_permit)) => {
+                    let _running = CountGuard::enter(&self.counters.running);
+                    self.execute(&assignment, &cancel).await
+                }
+                Some(Err(_)) => self.failed_event(
                     &assignment,
                     FailureReason::AgentBusy,
                     "the agent is shutting down",

@@ -89,6 +89,35 @@ async fn one_slot_runs_one_task_and_queues_the_next() {
     assert_eq!(running.state, TaskState::Running);
     assert_eq!(runner.counters().executions(), 1);
 
+    // A third attempt queues behind them; cancelling it answers at once.
+    let third_cancel = Arc::new(AtomicBool::new(false));
+    tokio::spawn(Arc::clone(&runner).run_attempt(
+        spin_assignment("c", &url, digest),
+        Arc::clone(&third_cancel),
+    ));
+    wait_for_counts(
+        &runner,
+        TaskCounts {
+            running: 1,
+            queued: 2,
+        },
+    )
+    .await;
+    third_cancel.store(true, Ordering::SeqCst);
+    let cancelled = events.recv().await.unwrap();
+    assert_eq!(
+        (cancelled.task_id.as_str(), cancelled.state),
+        ("c", TaskState::Cancelled)
+    );
+    wait_for_counts(
+        &runner,
+        TaskCounts {
+            running: 1,
+            queued: 1,
+        },
+    )
+    .await;
+
     // Cancelling the running one frees the slot for the queued one.
     let (first, second) = if running.task_id.as_str() == "a" {
         (first_cancel, second_cancel)
