@@ -52,6 +52,8 @@ pub struct CoordinatorConfig {
     pub max_artifact_bytes: usize,
     /// How often the scheduler looks at the queue when nothing wakes it.
     pub schedule_interval: Duration,
+    /// A node silent this long gets no new work, whatever its last status said.
+    pub silent_node_after: Duration,
 }
 
 impl Default for CoordinatorConfig {
@@ -70,6 +72,7 @@ impl Default for CoordinatorConfig {
             max_attempts: DEFAULT_MAX_ATTEMPTS,
             max_artifact_bytes: DEFAULT_MAX_ARTIFACT_BYTES,
             schedule_interval: Duration::from_millis(1000),
+            silent_node_after: Duration::from_secs(30),
         }
     }
 }

@@ -112,10 +112,14 @@ fn cluster_view(shared: &Shared, now_ms: u64) -> (ClusterView, Vec<ViewNode>) {
             id: entry.capability.node_id.clone(),
             telemetry_received_ms: entry.telemetry_received_ms,
         });
+        // A node silent for too long is not offered work even if its last
+        // status said online: agents report telemetry every second, and a
+        // broker that lost its session state may never deliver a last will.
+        let heard_recently = now_ms.saturating_sub(entry.last_seen_ms) < shared.silent_node_ms;
         nodes.push(NodeView::from_reports(
             &entry.capability,
             entry.telemetry.as_ref(),
-            entry.online(),
+            entry.online() && heard_recently,
         ));
     }
     (ClusterView { now_ms, nodes }, ids)

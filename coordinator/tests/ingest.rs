@@ -425,6 +425,71 @@ async fn a_task_runs_through_a_stand_in_agent_over_the_embedded_broker() {
 }
 
 #[tokio::test]
+async fn a_silent_node_gets_no_work_until_it_reports_again() {
+    let dir = tempfile::tempdir().unwrap();
+    let running = common::start_coordinator(dir.path(), |c| {
+        c.silent_node_after = Duration::from_millis(700);
+    })
+    .await;
+    let rest = running.rest_url();
+    let http = reqwest::Client::new();
+    let topics = Topics::default();
+    let node = NodeId::new("quiet").unwrap();
+    let (agent, mut incoming) = common::mqtt_client(running.mqtt_url(), "agent-quiet").await;
+    agent
+        .subscribe(topics.node(&node, Channel::Assign), QoS::AtLeastOnce)
+        .await
+        .unwrap();
+    register_node(&agent, "quiet").await;
+    wait_for_node(&http, &rest, "quiet", true).await;
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+
+    let stored: Value = http
+        .post(format!("{rest}/api/v1/artifacts"))
+        .body(common::minimal_wasm())
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let task: Value = http
+        .post(format!("{rest}/api/v1/tasks"))
+        .json(&json!({"artifact": stored["digest"]}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let id = task["id"].as_str().unwrap().to_string();
+    // Held while the node is silent, with the policy's reason recorded.
+    let url = format!("{rest}/api/v1/tasks/{id}");
+    common::eventually(WAIT, "a hold explanation", || {
+        let http = http.clone();
+        let url = url.clone();
+        async move {
+            let (_, task) = get_json(&http, &url).await;
+            (task["state"] == "pending" && task["explanation"].is_object()).then_some(())
+        }
+    })
+    .await;
+    assert!(incoming.try_recv().is_err(), "a silent node got work");
+
+    publish(
+        &agent,
+        topics.node(&node, Channel::Telemetry),
+        false,
+        encode(&common::telemetry("quiet", 2)).unwrap(),
+    )
+    .await;
+    let assignment: Assignment =
+        next_message(&mut incoming, &topics.node(&node, Channel::Assign)).await;
+    assert_eq!(assignment.task_id.as_str(), id);
+    running.shutdown().await;
+}
+
+#[tokio::test]
 async fn the_embedded_broker_routes_messages_between_clients() {
     let dir = tempfile::tempdir().unwrap();
     let running = common::start_coordinator(dir.path(), |_| {}).await;
