@@ -304,6 +304,14 @@ impl AgentConfig {
                 requirement: "at least 10ms",
             });
         }
+        if let Some((read, write)) = self.declared_io_mbps {
+            if !(read.is_finite() && write.is_finite() && read >= 0.0 && write >= 0.0) {
+                return Err(ConfigError::OutOfRange {
+                    setting: "disk-read-mbps and disk-write-mbps",
+                    requirement: "non-negative numbers",
+                });
+            }
+        }
         if self.keep_alive < Duration::from_secs(1) {
             return Err(ConfigError::OutOfRange {
                 setting: "keep-alive",

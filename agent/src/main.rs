@@ -79,6 +79,12 @@ struct Settings {
     #[arg(long, env = "STARLING_MEASURE_IO", num_args = 0..=1, default_missing_value = "true",
           value_name = "BOOL")]
     measure_io: Option<bool>,
+    /// Declared sequential read rate of the data directory's disk, in MB/s.
+    #[arg(long, env = "STARLING_DISK_READ_MBPS", value_name = "MB/S")]
+    disk_read_mbps: Option<f32>,
+    /// Declared sequential write rate of the data directory's disk, in MB/s.
+    #[arg(long, env = "STARLING_DISK_WRITE_MBPS", value_name = "MB/S")]
+    disk_write_mbps: Option<f32>,
 }
 
 impl Settings {
@@ -106,6 +112,10 @@ impl Settings {
             topic_prefix: self.topic_prefix.clone(),
             max_tasks: self.max_tasks,
             measure_io: self.measure_io,
+            declared_io_mbps: match (self.disk_read_mbps, self.disk_write_mbps) {
+                (None, None) => None,
+                (read, write) => Some((read.unwrap_or(0.0), write.unwrap_or(0.0))),
+            },
             ..ConfigLayer::default()
         };
         let mut layers = vec![flags];

@@ -74,6 +74,19 @@ fn probe_prints_json_and_flags_beat_env_beat_file() {
     );
     assert_eq!(from_flag["node_id"], "from-flag");
     assert_eq!(from_flag["labels"][0]["value"], "flag");
+    let declared = probe(
+        &["--disk-read-mbps", "120", "--disk-write-mbps", "45"],
+        None,
+    );
+    let disks = declared["disks"].as_array().unwrap();
+    if !disks.is_empty() {
+        assert!(
+            disks
+                .iter()
+                .any(|d| d["rate_source"] == "declared" && d["read_mbps"] == 120.0),
+            "{disks:?}"
+        );
+    }
 }
 
 #[test]
