@@ -8,12 +8,6 @@ use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use rumqttc::QoS;
-use starling_proto::{
-    decode, encode, Assignment, Channel, FailureReason, NodeId, NodeState, TaskEvent, TaskState,
-    Topics,
-};
-
 const COORDINATOR: &str = env!("CARGO_BIN_EXE_starling-coordinator");
 const CLI: &str = env!("CARGO_BIN_EXE_starling");
 
@@ -194,85 +188,6 @@ fn the_cli_explains_itself_and_reports_an_unreachable_coordinator() {
     assert!(stderr.contains("cannot reach the coordinator"), "{stderr}");
 }
 
-/// A stand-in agent: answers each assignment with running + a result.
-async fn stand_in_agent(mqtt_url: &str, id: &'static str) {
-    let topics = Topics::default();
-    let node = NodeId::new(id).unwrap();
-    let (client, mut incoming) = common::mqtt_client(mqtt_url, id).await;
-    client
-        .subscribe(topics.node(&node, Channel::Assign), QoS::AtLeastOnce)
-        .await
-        .unwrap();
-    client
-        .publish(
-            topics.node(&node, Channel::Capability),
-            QoS::AtLeastOnce,
-            true,
-            encode(&common::capability(id)).unwrap(),
-        )
-        .await
-        .unwrap();
-    client
-        .publish(
-            topics.node(&node, Channel::Status),
-            QoS::AtLeastOnce,
-            true,
-            encode(&common::status(id, NodeState::Online)).unwrap(),
-        )
-        .await
-        .unwrap();
-    tokio::spawn(async move {
-        while let Some(publish) = incoming.recv().await {
-            let Ok(assignment) = decode::<Assignment>(&publish.payload) else {
-                continue;
-            };
-            let events_topic = topics.node(&node, Channel::Events);
-            let running = TaskEvent::state(
-                assignment.task_id.clone(),
-                assignment.attempt,
-                node.clone(),
-                TaskState::Running,
-            );
-            client
-                .publish(
-                    events_topic.clone(),
-                    QoS::AtLeastOnce,
-                    false,
-                    encode(&running).unwrap(),
-                )
-                .await
-                .unwrap();
-            let event = if assignment.input == b"fail" {
-                TaskEvent::failed(
-                    assignment.task_id.clone(),
-                    assignment.attempt,
-                    node.clone(),
-                    FailureReason::Trap,
-                    "unreachable executed",
-                )
-            } else {
-                let mut done = TaskEvent::state(
-                    assignment.task_id.clone(),
-                    assignment.attempt,
-                    node.clone(),
-                    TaskState::Succeeded,
-                );
-                done.output = [b"echo:".as_slice(), &assignment.input].concat();
-                done
-            };
-            client
-                .publish(
-                    events_topic,
-                    QoS::AtLeastOnce,
-                    false,
-                    encode(&event).unwrap(),
-                )
-                .await
-                .unwrap();
-        }
-    });
-}
-
 async fn cli(rest: &str, args: &[&str], stdin: &[u8]) -> std::process::Output {
     use tokio::io::AsyncWriteExt;
     let mut child = tokio::process::Command::new(CLI)
@@ -299,7 +214,7 @@ async fn starling_run_waits_and_prints_the_output() {
     let dir = tempfile::tempdir().unwrap();
     let running = common::start_coordinator(dir.path(), |_| {}).await;
     let rest = running.rest_url();
-    stand_in_agent(running.mqtt_url(), "cli-node").await;
+    common::stand_in_agent(running.mqtt_url(), "cli-node").await;
     let module = dir.path().join("echo.wasm");
     std::fs::write(&module, common::minimal_wasm()).unwrap();
     std::fs::write(

@@ -8,9 +8,12 @@ use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use rumqttc::{AsyncClient, Event, EventLoop, MqttOptions, Packet};
+use rumqttc::{AsyncClient, Event, EventLoop, MqttOptions, Packet, QoS};
 use starling_coordinator::{CoordinatorConfig, Running};
-use starling_proto::{Capability, CpuInfo, LinkState, NodeId, NodeState, Status, Telemetry};
+use starling_proto::{
+    decode, encode, Assignment, Capability, Channel, CpuInfo, FailureReason, LinkState, NodeId,
+    NodeState, Status, TaskEvent, TaskState, Telemetry, Topics,
+};
 
 /// A module that exports `_start` and does nothing.
 pub const MINIMAL_WAT: &str = r#"(module (func (export "_start")))"#;
@@ -245,4 +248,83 @@ where
         assert!(Instant::now() < deadline, "timed out waiting for {what}");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+}
+
+/// A stand-in agent: answers each assignment with running + a result.
+pub async fn stand_in_agent(mqtt_url: &str, id: &'static str) {
+    let topics = Topics::default();
+    let node = NodeId::new(id).unwrap();
+    let (client, mut incoming) = mqtt_client(mqtt_url, id).await;
+    client
+        .subscribe(topics.node(&node, Channel::Assign), QoS::AtLeastOnce)
+        .await
+        .unwrap();
+    client
+        .publish(
+            topics.node(&node, Channel::Capability),
+            QoS::AtLeastOnce,
+            true,
+            encode(&capability(id)).unwrap(),
+        )
+        .await
+        .unwrap();
+    client
+        .publish(
+            topics.node(&node, Channel::Status),
+            QoS::AtLeastOnce,
+            true,
+            encode(&status(id, NodeState::Online)).unwrap(),
+        )
+        .await
+        .unwrap();
+    tokio::spawn(async move {
+        while let Some(publish) = incoming.recv().await {
+            let Ok(assignment) = decode::<Assignment>(&publish.payload) else {
+                continue;
+            };
+            let events_topic = topics.node(&node, Channel::Events);
+            let running = TaskEvent::state(
+                assignment.task_id.clone(),
+                assignment.attempt,
+                node.clone(),
+                TaskState::Running,
+            );
+            client
+                .publish(
+                    events_topic.clone(),
+                    QoS::AtLeastOnce,
+                    false,
+                    encode(&running).unwrap(),
+                )
+                .await
+                .unwrap();
+            let event = if assignment.input == b"fail" {
+                TaskEvent::failed(
+                    assignment.task_id.clone(),
+                    assignment.attempt,
+                    node.clone(),
+                    FailureReason::Trap,
+                    "unreachable executed",
+                )
+            } else {
+                let mut done = TaskEvent::state(
+                    assignment.task_id.clone(),
+                    assignment.attempt,
+                    node.clone(),
+                    TaskState::Succeeded,
+                );
+                done.output = [b"echo:".as_slice(), &assignment.input].concat();
+                done
+            };
+            client
+                .publish(
+                    events_topic,
+                    QoS::AtLeastOnce,
+                    false,
+                    encode(&event).unwrap(),
+                )
+                .await
+                .unwrap();
+        }
+    });
 }
