@@ -2,7 +2,7 @@
 //! default, and parsing of `mqtt://host:port` URLs for an external broker.
 
 use std::collections::HashMap;
-use std::net::{SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
+use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::time::{Duration, Instant};
 
 use rumqttd::{Broker, Config, ConnectionSettings, RouterConfig, ServerSettings};
@@ -177,13 +177,6 @@ pub fn start_embedded_broker(listen: SocketAddr) -> Result<SocketAddr, StartBrok
         addr,
         timeout: BROKER_START_TIMEOUT,
     })
-}
-
-/// Resolves a broker address to socket addresses (for reachability errors).
-pub fn resolve(address: &BrokerAddress) -> std::io::Result<Vec<SocketAddr>> {
-    (address.host.as_str(), address.port)
-        .to_socket_addrs()
-        .map(Iterator::collect)
 }
 
 #[cfg(test)]
