@@ -75,11 +75,12 @@ pub fn probe(config: &AgentConfig) -> Result<Capability, ProbeError> {
     let disks = disks(&config.data_dir, data_dir_rate);
     let gpus = opencl_devices();
 
+    // Only runtimes this agent can execute are advertised: OpenCL devices are
+    // reported (placement reads them as GPU capacity), but the OpenCL executor
+    // has not landed, so advertising `opencl` would attract tasks that can only
+    // fail with `unsupported_runtime`.
     let mut runtimes = BoundedVec::new();
     let _ = runtimes.push(Runtime::Wasm);
-    if !gpus.is_empty() {
-        let _ = runtimes.push(Runtime::Opencl);
-    }
     let mut labels = BoundedVec::new();
     for label in &config.labels {
         // `validate` has checked the count against the bound.
@@ -379,11 +380,7 @@ mod tests {
         assert!(capability.cpu.cores >= 1);
         assert!(capability.memory_bytes > 0);
         assert_eq!(capability.arch.as_str(), std::env::consts::ARCH);
-        assert_eq!(capability.runtimes[0], Runtime::Wasm);
-        assert_eq!(
-            capability.runtimes.contains(&Runtime::Opencl),
-            !capability.gpus.is_empty()
-        );
+        assert_eq!(capability.runtimes.as_slice(), [Runtime::Wasm]);
         assert_eq!(capability.labels[0].to_string(), "zone=lab");
         assert_eq!(capability.power_levels.len(), 3);
         let speeds: Vec<f32> = capability
