@@ -912,10 +912,12 @@ impl Store {
         Ok(outcome)
     }
 
-    /// A task's events, oldest first.
+    /// A task's events, oldest first; events received in the same millisecond
+    /// come in lifecycle order.
     pub async fn events(&self, task_id: &str) -> Result<Vec<EventRecord>, StoreError> {
         let sql = "SELECT attempt, state, node_id, received_ms, reason, message, exit_code, output_bytes, metrics \
-                   FROM events WHERE task_id = $1 ORDER BY received_ms ASC, attempt ASC";
+                   FROM events WHERE task_id = $1 ORDER BY received_ms ASC, attempt ASC, \
+                   CASE state WHEN 'accepted' THEN 0 WHEN 'running' THEN 1 WHEN 'lost' THEN 3 ELSE 2 END ASC";
         let rows: Vec<EventRow> =
             with_pool!(self, pool => sqlx::query_as(sql).bind(task_id).fetch_all(pool).await)?;
         Ok(rows.into_iter().map(EventRow::into_record).collect())
