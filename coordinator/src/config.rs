@@ -152,7 +152,7 @@ pub struct ServeArgs {
     /// Directory for the coordinator's files [default: ./.starling/coordinator].
     #[arg(long, env = "STARLING_DATA_DIR", value_name = "DIR")]
     pub data_dir: Option<PathBuf>,
-    /// Placement policy [default: heuristic].
+    /// Placement policy [default: heuristic]; an unknown name lists the valid ones.
     #[arg(long, env = "STARLING_POLICY", value_name = "NAME")]
     pub policy: Option<String>,
     /// URL agents use to reach this coordinator [default: http:// + the REST address].

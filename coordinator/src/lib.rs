@@ -6,6 +6,14 @@
 //! [`start`] runs all of it inside the caller's tokio runtime and returns a
 //! [`Running`] handle; the `starling-coordinator serve` binary is a thin
 //! wrapper around it.
+//!
+//! Map: `registry` (node state machine, no I/O) and `store` (sqlx, one query
+//! text for SQLite and PostgreSQL) hold the state; `ingest` (MQTT in) and
+//! `scheduler` (placement, MQTT out) change it; `api` serves it over HTTP;
+//! `broker` runs the embedded rumqttd; `client`, `cli` and `manifest` make the
+//! `starling` command line. Only `ingest`, `scheduler`, `api` and `broker`
+//! touch MQTT or HTTP on the server side; the placement engine stays pure and
+//! sees only the snapshot `scheduler` builds.
 
 pub mod api;
 pub mod broker;
