@@ -322,7 +322,8 @@ impl utoipa::Modify for BearerToken {
         list_tasks,
         get_task,
         cancel_task,
-        openapi_document
+        openapi_document,
+        metrics
     ),
     components(schemas(
         ApiError,
@@ -368,6 +369,7 @@ pub(crate) fn router(shared: Arc<Shared>) -> Router {
         .route("/api/v1/tasks/{id}", get(get_task))
         .route("/api/v1/tasks/{id}/cancel", post(cancel_task))
         .route("/api/v1/openapi.json", get(openapi_document))
+        .route("/metrics", get(metrics))
         .fallback(not_found)
         .layer(DefaultBodyLimit::max(MAX_JSON_BODY_BYTES))
         .layer(axum::middleware::from_fn_with_state(
@@ -960,6 +962,85 @@ async fn send_cancel(
         )
         .await
         .map_err(ApiError::internal)
+}
+
+/// Prometheus metrics: nodes, tasks by state, MQTT messages handled and ignored.
+#[utoipa::path(
+    get,
+    path = "/metrics",
+    responses(
+        (status = 200, description = "Metrics in the Prometheus text format", content_type = "text/plain"),
+        (status = 500, description = "The database failed", body = ApiError)
+    )
+)]
+async fn metrics(State(shared): State<Arc<Shared>>) -> Result<Response, ApiError> {
+    use std::fmt::Write as _;
+    use std::sync::atomic::Ordering::Relaxed;
+    let counts = shared.store.task_counts().await?;
+    let (nodes, online) = {
+        let registry = shared.registry();
+        (
+            registry.len(),
+            registry.nodes().filter(|node| node.online()).count(),
+        )
+    };
+    let counters = &shared.counters;
+    let mut text = String::new();
+    // Writing to a String cannot fail.
+    let mut metric = |name: &str, kind: &str, help: &str, samples: &[(String, u64)]| {
+        let _ = writeln!(text, "# HELP {name} {help}\n# TYPE {name} {kind}");
+        for (labels, value) in samples {
+            let _ = writeln!(text, "{name}{labels} {value}");
+        }
+    };
+    metric(
+        "starling_nodes",
+        "gauge",
+        "Nodes known to the coordinator.",
+        &[(String::new(), nodes as u64)],
+    );
+    metric(
+        "starling_nodes_online",
+        "gauge",
+        "Nodes online.",
+        &[(String::new(), online as u64)],
+    );
+    let tasks: Vec<(String, u64)> = TaskStatus::ALL
+        .into_iter()
+        .map(|status| {
+            let count = counts
+                .iter()
+                .find(|(s, _)| *s == status)
+                .map_or(0, |(_, c)| *c);
+            (format!("{{state=\"{status}\"}}"), count)
+        })
+        .collect();
+    metric("starling_tasks", "gauge", "Tasks by state.", &tasks);
+    metric(
+        "starling_mqtt_messages_handled_total",
+        "counter",
+        "MQTT messages applied (or recognised as redeliveries).",
+        &[(String::new(), counters.messages_handled.load(Relaxed))],
+    );
+    metric(
+        "starling_mqtt_messages_ignored_total",
+        "counter",
+        "MQTT messages refused: malformed, unknown node or task, mismatched ids.",
+        &[(String::new(), counters.messages_ignored.load(Relaxed))],
+    );
+    metric(
+        "starling_task_events_duplicate_total",
+        "counter",
+        "Task events received again and recorded only once.",
+        &[(String::new(), counters.duplicate_events.load(Relaxed))],
+    );
+    metric(
+        "starling_assignments_published_total",
+        "counter",
+        "Assignments published to nodes.",
+        &[(String::new(), counters.assignments_published.load(Relaxed))],
+    );
+    Ok(([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text).into_response())
 }
 
 /// This document.

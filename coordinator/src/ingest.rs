@@ -14,7 +14,7 @@ use tokio::sync::{mpsc, watch};
 use crate::registry::{RegistryChange, RegistryError};
 use crate::store::{EventOutcome, StoreError};
 use crate::task::{unix_now_ms, TaskStatus};
-use crate::Shared;
+use crate::{Counters, Shared};
 
 /// The channels the coordinator consumes.
 pub const CONSUMED_CHANNELS: [Channel; 4] = [
@@ -156,8 +156,17 @@ pub(crate) async fn run_message_handler(
 ) {
     while let Some(message) = messages.recv().await {
         match handle_message(&shared, &message.topic, &message.payload).await {
-            Ok(handled) => tracing::debug!(topic = %message.topic, ?handled, "message handled"),
-            Err(error) => tracing::warn!(topic = %message.topic, %error, "message ignored"),
+            Ok(handled) => {
+                if handled == Handled::Event(EventOutcome::Duplicate) {
+                    Counters::increment(&shared.counters.duplicate_events);
+                }
+                Counters::increment(&shared.counters.messages_handled);
+                tracing::debug!(topic = %message.topic, ?handled, "message handled")
+            }
+            Err(error) => {
+                Counters::increment(&shared.counters.messages_ignored);
+                tracing::warn!(topic = %message.topic, %error, "message ignored")
+            }
         }
     }
 }

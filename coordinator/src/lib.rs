@@ -114,6 +114,22 @@ pub(crate) struct Shared {
     pub(crate) max_artifact_bytes: usize,
     pub(crate) api_token: Option<String>,
     pub(crate) wake_scheduler: Notify,
+    pub(crate) counters: Counters,
+}
+
+/// Counters exported on `GET /metrics`.
+#[derive(Debug, Default)]
+pub(crate) struct Counters {
+    pub(crate) messages_handled: std::sync::atomic::AtomicU64,
+    pub(crate) messages_ignored: std::sync::atomic::AtomicU64,
+    pub(crate) duplicate_events: std::sync::atomic::AtomicU64,
+    pub(crate) assignments_published: std::sync::atomic::AtomicU64,
+}
+
+impl Counters {
+    pub(crate) fn increment(counter: &std::sync::atomic::AtomicU64) {
+        counter.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    }
 }
 
 impl Shared {
@@ -340,6 +356,7 @@ pub async fn start(config: CoordinatorConfig) -> Result<Running, StartError> {
         max_artifact_bytes: config.max_artifact_bytes,
         api_token: config.api_token.clone(),
         wake_scheduler: Notify::new(),
+        counters: Counters::default(),
     });
     let (stop, stop_rx) = watch::channel(false);
     let (messages_tx, messages_rx) = tokio::sync::mpsc::channel(1024);

@@ -284,6 +284,7 @@ async fn publish_assignment(
     {
         tracing::error!(task = %record.spec.id, %error, "cannot publish the assignment");
     } else {
+        crate::Counters::increment(&shared.counters.assignments_published);
         tracing::info!(task = %record.spec.id, node = %node_id, attempt, power_level, "task assigned");
     }
 }

@@ -912,6 +912,19 @@ impl Store {
         Ok(outcome)
     }
 
+    /// How many tasks are in each state (states with none are absent).
+    pub async fn task_counts(&self) -> Result<Vec<(TaskStatus, u64)>, StoreError> {
+        let sql = "SELECT state, COUNT(*) FROM tasks GROUP BY state";
+        let rows: Vec<(String, i64)> =
+            with_pool!(self, pool => sqlx::query_as(sql).fetch_all(pool).await)?;
+        rows.into_iter()
+            .map(|(state, count)| {
+                let status = TaskStatus::from_str(&state).map_err(|e| corrupt("tasks.state", e))?;
+                Ok((status, from_db(count)))
+            })
+            .collect()
+    }
+
     /// A task's events, oldest first; events received in the same millisecond
     /// come in lifecycle order.
     pub async fn events(&self, task_id: &str) -> Result<Vec<EventRecord>, StoreError> {

@@ -172,6 +172,25 @@ async fn reports_over_mosquitto_register_nodes_and_garbage_changes_nothing() {
     assert_eq!(nodes["nodes"].as_array().unwrap().len(), 1, "{nodes}");
     let (_, tasks) = get_json(&http, &format!("{rest}/api/v1/tasks")).await;
     assert_eq!(tasks["tasks"], json!([]));
+    let metrics = http
+        .get(format!("{rest}/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let ignored: u64 = metrics
+        .lines()
+        .find_map(|line| line.strip_prefix("starling_mqtt_messages_ignored_total "))
+        .unwrap()
+        .parse()
+        .unwrap();
+    // 3 kinds of garbage on the 4 channels the coordinator consumes, for 2
+    // nodes; 1 unknown-node telemetry, 1 mismatched telemetry, 1 event for an
+    // unknown task (the ghost's status is held, not refused).
+    assert_eq!(ignored, 3 * 4 * 2 + 3, "{metrics}");
+    assert!(metrics.contains("starling_nodes_online 1"), "{metrics}");
     let (status, health) = get_json(&http, &format!("{rest}/api/v1/health")).await;
     assert_eq!(status, StatusCode::OK);
     assert_eq!(health["nodes_online"], 1);
