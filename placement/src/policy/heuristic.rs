@@ -15,7 +15,10 @@
 //!    resource, a Jetson's GPU, is not piled up with work that could run elsewhere
 //!    while OpenCL-only tasks need it), plus a small charge per second to finish,
 //!    so that ties go to the faster node. When no node can meet the deadline: the
-//!    earliest finish at full power (least lateness).
+//!    earliest finish at full power (least lateness), except that a task which
+//!    does not need a GPU but would run on one is charged, while the cluster's
+//!    GPUs are congested, for the GPU time it borrows (see
+//!    [`HeuristicTuning::gpu_reserve_s_per_s`]).
 //!
 //! Two further ideas are implemented as knobs ([`HeuristicTuning`]) and off by
 //! default because the simulator measured them worse: holding tasks no node can
@@ -37,6 +40,7 @@ use std::hash::{Hash, Hasher};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use serde::{Deserialize, Serialize};
+use starling_proto::Runtime;
 
 use crate::estimate::{self, FilterTally};
 use crate::model::{ClusterView, NodeView, PendingTask};
@@ -78,6 +82,18 @@ pub struct HeuristicTuning {
     /// it uses (CPU lanes or GPU), so that energy-cheap but scarce resources (a
     /// Jetson's GPU) are not piled up with work that could run elsewhere.
     pub crowding_joules_per_second: f64,
+    /// Seconds of later finish one second of GPU time is worth, at full GPU
+    /// pressure, when a task that does not need a GPU (it could run on CPU lanes)
+    /// is placed on one and no node can meet its deadline with margin. GPUs are
+    /// scarce, and some tasks (OpenCL) can run nowhere else: a task that is
+    /// hard-pressed anyway and grabs the fastest device while the GPUs are
+    /// congested pushes their queues past the point where queueing delay explodes,
+    /// and the OpenCL tasks behind it miss their deadlines (at 85% load this was
+    /// nearly every deadline the heuristic missed).
+    pub gpu_reserve_s_per_s: f64,
+    /// Mean GPU queue wait, seconds, over the online GPU nodes at which the GPUs
+    /// count as under full pressure.
+    pub gpu_pressure_horizon_s: f64,
     /// Least-waiting nodes taken from each compatible hardware group (indexed search).
     pub from_each_group: usize,
     /// Nodes drawn at random per task on top of the groups' best (indexed search).
@@ -108,6 +124,8 @@ impl Default for HeuristicTuning {
             joules_per_second: 0.2,
             pressure_joules_per_second: 20.0,
             crowding_joules_per_second: 2.0,
+            gpu_reserve_s_per_s: 3.0,
+            gpu_pressure_horizon_s: 4.0,
             from_each_group: 3,
             random_sample: 6,
             hold_hopeless: false,
@@ -300,6 +318,8 @@ struct Knobs {
     margin_min_ms: f64,
     joules_per_second: f64,
     crowding_joules_per_second: f64,
+    /// [`HeuristicTuning::gpu_reserve_s_per_s`] times this round's GPU pressure.
+    gpu_reserve_s_per_s: f64,
     hopeless_cheapest: bool,
 }
 
@@ -318,12 +338,27 @@ impl Knobs {
             wait_s / nodes as f64
         };
         let pressure = (mean_wait_s / tuning.pressure_horizon_s.max(1e-3)).clamp(0.0, 1.0);
+        let (gpu_wait_s, gpu_nodes) = view
+            .nodes
+            .iter()
+            .filter(|node| node.online && node.gpu.is_some())
+            .fold((0.0, 0_usize), |(wait, count), node| {
+                let devices = f64::from(node.gpu_devices().max(1));
+                (wait + node.load.backlog_gpu_s / devices, count + 1)
+            });
+        let gpu_pressure = if gpu_nodes == 0 {
+            0.0
+        } else {
+            (gpu_wait_s / gpu_nodes as f64 / tuning.gpu_pressure_horizon_s.max(1e-3))
+                .clamp(0.0, 1.0)
+        };
         Self {
             margin_fraction: tuning.margin_fraction + tuning.pressure_margin * pressure,
             margin_min_ms: tuning.margin_min_ms,
             joules_per_second: tuning.joules_per_second
                 + tuning.pressure_joules_per_second * pressure,
             crowding_joules_per_second: tuning.crowding_joules_per_second,
+            gpu_reserve_s_per_s: tuning.gpu_reserve_s_per_s * gpu_pressure,
             hopeless_cheapest: tuning.hopeless_cheapest,
         }
     }
@@ -333,6 +368,11 @@ impl Knobs {
 fn best_deadline(task: &PendingTask) -> f64 {
     task.deadline_ms
         .map_or(f64::INFINITY, |deadline| deadline as f64)
+}
+
+/// Whether only a GPU node can run the task (it demands an OpenCL device or runtime).
+fn needs_gpu(task: &PendingTask) -> bool {
+    task.demand.gpu || task.constraints.runtime == Runtime::Opencl
 }
 
 /// The task's urgency order: priority first, then slack, then submission.
@@ -357,7 +397,8 @@ fn order(view: &ClusterView, queue: &[PendingTask]) -> Vec<usize> {
 /// The best (node, level) of one node for a task: the lowest level meeting the
 /// deadline with margin, else the top level. Scores: feasible choices beat
 /// infeasible ones; among feasible, less energy (and earlier finish) wins; among
-/// infeasible, earlier finish wins.
+/// infeasible, earlier finish wins, less the charge for GPU time borrowed by a task
+/// that could run on CPU lanes.
 fn best_level(
     round: &Round<'_>,
     node_index: usize,
@@ -402,7 +443,15 @@ fn best_level(
         fastest.score = if knobs.hopeless_cheapest && fastest.finish_ms > deadline {
             -fastest.energy_joules - crowding(&fastest)
         } else {
+            // Hard-pressed anyway: the earliest finish, but not at the price of a
+            // congested GPU that tasks with nowhere else to go are queueing for.
+            let borrowed_gpu_s = if estimate::runs_on_gpu(node, task) && !needs_gpu(task) {
+                estimate::execution_s(node, task, top)
+            } else {
+                0.0
+            };
             -(fastest.finish_ms - round.now_ms) / 1000.0
+                - knobs.gpu_reserve_s_per_s * borrowed_gpu_s
         };
         return Some(fastest);
     }
@@ -551,5 +600,79 @@ impl Policy for HeuristicPolicy {
                 decision.unwrap_or_else(|| crate::policy::hold(task, name, &FilterTally::default()))
             })
             .collect()
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+mod tests {
+    use super::*;
+    use crate::model::{GpuCapacity, TaskClass};
+    use crate::policy::Outcome;
+    use crate::testing::{node, task};
+
+    /// A GPU node whose GPU has 2 s of work queued, and an idle CPU-only node.
+    fn busy_gpu_and_idle_cpu() -> ClusterView {
+        let mut gpu = node("gpu", 4.0, 0.3);
+        gpu.gpu = Some(GpuCapacity {
+            devices: 1,
+            speed: 3.0,
+            memory_bytes: 4 << 30,
+        });
+        gpu.runtimes.push(Runtime::Opencl);
+        gpu.load.backlog_gpu_s = 2.0;
+        gpu.load.queued_tasks = 1;
+        ClusterView {
+            now_ms: 10_000,
+            nodes: vec![gpu, node("cpu", 4.0, 1.0)],
+        }
+    }
+
+    /// A GPU-class task of 4 reference seconds due in 4 s: no node meets the
+    /// deadline with margin, and the busy GPU still finishes it first.
+    fn hard_pressed_gpu_task(view: &ClusterView) -> PendingTask {
+        let mut t = task(1, TaskClass::Gpu);
+        t.work = 4.0;
+        t.deadline_ms = Some(view.now_ms + 4_000);
+        t
+    }
+
+    fn placed_on(view: &ClusterView, t: PendingTask) -> usize {
+        let mut policy = HeuristicPolicy::new(SearchMode::Exhaustive, 0);
+        match policy.decide(view, &[t]).remove(0).outcome {
+            Outcome::Place { node, .. } => node,
+            Outcome::Hold { reason } => panic!("held: {reason}"),
+        }
+    }
+
+    #[test]
+    fn a_task_that_can_use_cpu_lanes_spares_a_congested_gpu() {
+        let view = busy_gpu_and_idle_cpu();
+        let t = hard_pressed_gpu_task(&view);
+        assert_eq!(
+            placed_on(&view, t),
+            1,
+            "the CPU node, though it finishes later"
+        );
+    }
+
+    #[test]
+    fn a_task_that_needs_the_gpu_still_gets_it() {
+        let view = busy_gpu_and_idle_cpu();
+        let mut t = hard_pressed_gpu_task(&view);
+        t.constraints.runtime = Runtime::Opencl;
+        assert_eq!(placed_on(&view, t.clone()), 0);
+        t.constraints.runtime = Runtime::Wasm;
+        t.demand.gpu = true;
+        assert_eq!(placed_on(&view, t), 0);
+    }
+
+    #[test]
+    fn an_idle_gpu_is_not_spared() {
+        let mut view = busy_gpu_and_idle_cpu();
+        view.nodes[0].load.backlog_gpu_s = 0.0;
+        view.nodes[0].load.queued_tasks = 0;
+        let t = hard_pressed_gpu_task(&view);
+        assert_eq!(placed_on(&view, t), 0);
     }
 }
