@@ -28,6 +28,7 @@ const POLL_INTERVAL: Duration = Duration::from_millis(200);
 
 const EXAMPLES: &str = "\
 Examples:
+  starling up                                     coordinator + broker + SQLite + local agent, here
   starling nodes                                  list the nodes the coordinator knows
   starling publish primes.wasm                    upload a module; prints its digest
   starling run primes.wasm --arg 100000 --wait    upload, submit, wait, print the output
@@ -81,6 +82,8 @@ pub struct Cli {
 /// The subcommands.
 #[derive(Debug, Subcommand)]
 pub enum Command {
+    /// Run everything in this process: coordinator, embedded broker, SQLite and a local agent.
+    Up(crate::up::UpArgs),
     /// List nodes: id, online, architecture, cores, memory, load.
     Nodes,
     /// Show one node: capability, latest telemetry and status.
@@ -162,6 +165,9 @@ pub enum CliError {
     /// The coordinator failed a call.
     #[error(transparent)]
     Client(#[from] ClientError),
+    /// `starling up` could not start or stopped with an error.
+    #[error(transparent)]
+    Up(#[from] crate::up::UpError),
 }
 
 impl CliError {
@@ -171,7 +177,7 @@ impl CliError {
             CliError::Usage(_) => EXIT_USAGE,
             CliError::Client(ClientError::Unreachable { .. }) => EXIT_UNREACHABLE,
             CliError::Client(ClientError::Api { status, .. }) if *status < 500 => EXIT_USAGE,
-            CliError::Client(_) => EXIT_TASK_FAILED,
+            CliError::Client(_) | CliError::Up(_) => EXIT_TASK_FAILED,
         }
     }
 }
@@ -197,6 +203,10 @@ pub async fn run(cli: Cli) -> i32 {
 
 async fn dispatch(cli: &Cli, client: &Client) -> Result<i32, CliError> {
     match &cli.command {
+        Command::Up(args) => {
+            crate::up::run(args.clone()).await?;
+            Ok(EXIT_OK)
+        }
         Command::Nodes => {
             let nodes = client.nodes().await?.nodes;
             if cli.json {

@@ -24,8 +24,10 @@ pub mod ingest;
 pub mod manifest;
 pub mod registry;
 pub mod scheduler;
+pub mod simulate;
 pub mod store;
 pub mod task;
+pub mod up;
 
 use std::net::SocketAddr;
 use std::sync::{Arc, RwLock};

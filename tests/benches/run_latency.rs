@@ -70,14 +70,22 @@ fn main() {
         .to_string();
     // One warm-up run fills the agent's module cache, as in steady state.
     let warm = coordinator.cli(&["run", &digest, "--input", "-", "--wait"], Some(input));
-    assert!(warm.status.success(), "{}", String::from_utf8_lossy(&warm.stderr));
+    assert!(
+        warm.status.success(),
+        "{}",
+        String::from_utf8_lossy(&warm.stderr)
+    );
     let mut whole = Vec::with_capacity(runs);
     let bar = progress(runs, "starling run --wait");
     for _ in 0..runs {
         let start = Instant::now();
         let out = coordinator.cli(&["run", &digest, "--input", "-", "--wait"], Some(input));
         whole.push(start.elapsed());
-        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
         assert_eq!(out.stdout, b"echo:ping");
         bar.inc(1);
     }
@@ -85,7 +93,11 @@ fn main() {
 
     let (floor_median, floor_p90) = median_and_p90(&mut floor);
     let (whole_median, whole_p90) = median_and_p90(&mut whole);
-    let profile = if cfg!(debug_assertions) { "debug" } else { "release" };
+    let profile = if cfg!(debug_assertions) {
+        "debug"
+    } else {
+        "release"
+    };
     println!("| path ({runs} runs, {profile} build) | median | p90 | ratio to floor (median) |");
     println!("| --- | ---: | ---: | ---: |");
     println!(

@@ -127,6 +127,11 @@ impl Process {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
 
+    /// The exit code, once the process has ended.
+    pub fn exit_code(&mut self) -> Option<i32> {
+        self.child.try_wait().ok().flatten().and_then(|s| s.code())
+    }
+
     /// Stops the process with SIGTERM, then SIGKILL after a grace period.
     pub fn stop(&mut self) {
         if self.is_running() {
@@ -240,6 +245,30 @@ impl Coordinator {
             command.arg("--db").arg(url);
         }
         command.args(extra);
+        Self::launch(command, dir)
+    }
+
+    /// Starts `starling up`: coordinator, embedded broker, SQLite and a local
+    /// agent in one process.
+    pub fn start_up(extra: &[&str]) -> Self {
+        let dir = TempDir::new().unwrap();
+        let mut command = Command::new(binary("starling"));
+        command
+            .arg("up")
+            .arg("--listen")
+            .arg("127.0.0.1:0")
+            .arg("--mqtt-listen")
+            .arg("127.0.0.1:0")
+            .arg("--data-dir")
+            .arg(dir.path())
+            .args(extra)
+            .env("RUST_LOG", "info,starling=debug");
+        Self::launch(command, dir)
+    }
+
+    /// Spawns the process and waits for its ready line.
+    fn launch(mut command: Command, dir: TempDir) -> Self {
+        command.env_remove("STARLING_URL");
         let mut process = Process::spawn("coordinator", command, dir.path());
         let stdout = process.child.stdout.take().unwrap();
         let (tx, rx) = mpsc::channel();

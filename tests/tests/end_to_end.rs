@@ -118,3 +118,15 @@ fn two_agents_with_the_postgres_store() {
         "{tasks}"
     );
 }
+
+#[test]
+fn starling_up_runs_everything_in_one_process() {
+    let mut up = Coordinator::start_up(&["--node-id", "local"]);
+    let nodes = up.wait_for_nodes(1, Duration::from_secs(30));
+    assert_eq!(nodes[0]["id"], "local", "{nodes}");
+    let dir = tempfile::tempdir().unwrap();
+    run_echo(&up, dir.path(), "hello from starling up");
+    // Ctrl-C (SIGTERM here) stops it cleanly: exit status 0.
+    up.process.stop();
+    assert_eq!(up.process.exit_code(), Some(0), "{}", up.process.log());
+}

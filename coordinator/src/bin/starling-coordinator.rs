@@ -8,7 +8,7 @@ use tracing_subscriber::EnvFilter;
 #[command(
     name = "starling-coordinator",
     version,
-    after_help = "Examples:\n  starling-coordinator serve\n  starling-coordinator serve --listen 0.0.0.0:7878 --public-url http://10.0.0.5:7878\n  starling-coordinator serve --broker mqtt://127.0.0.1:1883 --db postgres://postgres@127.0.0.1/starling\n  starling-coordinator serve --config /etc/starling/coordinator.toml\n\nEvery flag can also be set by its STARLING_* environment variable or in the --config file;\nflags win over the environment, which wins over the file."
+    after_help = "Examples:\n  starling-coordinator serve\n  starling-coordinator serve --listen 0.0.0.0:7878 --public-url http://10.0.0.5:7878\n  starling-coordinator serve --broker mqtt://127.0.0.1:1883 --db postgres://postgres@127.0.0.1/starling\n  starling-coordinator serve --config /etc/starling/coordinator.toml\n  starling-coordinator sim --seed 42 --out bench/\n\nEvery flag can also be set by its STARLING_* environment variable or in the --config file;\nflags win over the environment, which wins over the file."
 )]
 struct Args {
     #[command(subcommand)]
@@ -19,6 +19,8 @@ struct Args {
 enum Command {
     /// Start the coordinator (embedded MQTT broker and SQLite unless told otherwise).
     Serve(starling_coordinator::ServeArgs),
+    /// Simulate an edge fleet and compare every placement policy side by side.
+    Sim(starling_coordinator::simulate::SimArgs),
 }
 
 fn main() {
@@ -44,7 +46,10 @@ fn main() {
 }
 
 fn run(args: Args) -> anyhow::Result<()> {
-    let Command::Serve(serve) = args.command;
+    let serve = match args.command {
+        Command::Serve(serve) => serve,
+        Command::Sim(sim) => return Ok(starling_coordinator::simulate::run(&sim)?),
+    };
     let config = serve.resolve()?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()

@@ -4,7 +4,24 @@ use clap::Parser;
 
 fn main() {
     let cli = starling_coordinator::cli::Cli::parse();
-    let runtime = match tokio::runtime::Builder::new_current_thread()
+    // `up` runs servers and logs like one; the client commands stay quiet
+    // unless RUST_LOG asks otherwise.
+    let default_filter = match cli.command {
+        starling_coordinator::cli::Command::Up(_) => {
+            "info,rumqttd=warn,rumqttd::server::broker=off,rumqttd::router::routing=off,sqlx=warn"
+        }
+        _ => "warn,rumqttd=off",
+    };
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_filter)),
+        )
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .with_writer(std::io::stderr)
+        .init();
+    // Multi-threaded: `starling up` runs the coordinator and an agent here.
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
     {
