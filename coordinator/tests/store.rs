@@ -320,7 +320,7 @@ async fn sqlite_store_round_trips() {
 
 #[tokio::test]
 async fn postgres_store_round_trips() {
-    let db = common::PostgresDb::create().await;
+    let db = common::PostgresDb::create();
     let store = Store::open(&db.url).await.unwrap();
     assert_eq!(store.backend_name(), "postgres");
     exercise(&store).await;
@@ -328,7 +328,7 @@ async fn postgres_store_round_trips() {
     let again = Store::open(&db.url).await.unwrap();
     assert_eq!(again.list_tasks(None, 100).await.unwrap().len(), 6);
     again.close().await;
-    db.drop_database().await;
+    drop(db);
 }
 
 #[tokio::test]

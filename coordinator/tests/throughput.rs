@@ -85,9 +85,9 @@ async fn run_batch(db: Option<String>) -> Duration {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_hundred_tasks_on_sqlite_and_postgres() {
     let sqlite = run_batch(None).await;
-    let db = common::PostgresDb::create().await;
+    let db = common::PostgresDb::create();
     let postgres = run_batch(Some(db.url.clone())).await;
-    db.drop_database().await;
+    drop(db);
     let rate = |elapsed: Duration| TASKS as f64 / elapsed.as_secs_f64();
     println!(
         "{TASKS} tasks submitted and completed: sqlite {:.0} tasks/s ({sqlite:?}), postgres {:.0} tasks/s ({postgres:?}), postgres/sqlite time ratio {:.2}",

@@ -157,14 +157,14 @@ impl Drop for Process {
     }
 }
 
-/// A Mosquitto broker on an ephemeral port.
+/// A Mosquitto broker on an ephemeral port, killed on drop.
 pub struct Mosquitto {
     /// The broker's URL, `mqtt://127.0.0.1:PORT`.
     pub url: String,
     /// Its port.
     pub port: u16,
-    _process: Process,
-    _dir: TempDir,
+    process: Process,
+    dir: TempDir,
 }
 
 impl Mosquitto {
@@ -172,31 +172,41 @@ impl Mosquitto {
     pub fn start() -> Self {
         let dir = TempDir::new().unwrap();
         let port = free_port();
-        let config = dir.path().join("mosquitto.conf");
         std::fs::write(
-            &config,
+            dir.path().join("mosquitto.conf"),
             format!(
                 "listener {port} 127.0.0.1\nallow_anonymous true\npersistence false\nmax_packet_size 2000000\n"
             ),
         )
         .unwrap();
+        let process = Self::spawn(dir.path(), port);
+        Self {
+            url: format!("mqtt://127.0.0.1:{port}"),
+            port,
+            process,
+            dir,
+        }
+    }
+
+    /// Stops the broker and starts a fresh one (it keeps nothing) on the same port.
+    pub fn restart(&mut self) {
+        self.process.stop();
+        self.process = Self::spawn(self.dir.path(), self.port);
+    }
+
+    fn spawn(dir: &Path, port: u16) -> Process {
         let binary = ["/usr/sbin/mosquitto", "/usr/bin/mosquitto"]
             .into_iter()
             .find(|p| Path::new(p).exists())
-            .expect("mosquitto is installed (scripts/test installs it)");
+            .expect("mosquitto is installed (scripts/setup installs it)");
         let mut command = Command::new(binary);
-        command.arg("-c").arg(&config);
-        let process = Process::spawn("mosquitto", command, dir.path());
+        command.arg("-c").arg(dir.join("mosquitto.conf"));
+        let process = Process::spawn("mosquitto", command, dir);
         wait_for_port(
             SocketAddr::from(([127, 0, 0, 1], port)),
             Duration::from_secs(10),
         );
-        Self {
-            url: format!("mqtt://127.0.0.1:{port}"),
-            port,
-            _process: process,
-            _dir: dir,
-        }
+        process
     }
 }
 

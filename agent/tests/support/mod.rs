@@ -1,85 +1,17 @@
-//! Test helpers: a real Mosquitto on an ephemeral port, and a tiny HTTP server
-//! that serves modules from memory and counts requests.
-#![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
+//! Test helpers: a real Mosquitto on an ephemeral port (the workspace's shared
+//! harness, `starling-tests`), and a tiny HTTP server that serves modules from
+//! memory and counts requests.
+#![allow(dead_code, unused_imports, clippy::unwrap_used, clippy::expect_used)]
 
 use std::collections::HashMap;
-use std::net::TcpListener as StdTcpListener;
-use std::process::{Child, Command, Stdio};
+
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
 
-/// A Mosquitto broker, killed on drop.
-pub struct Mosquitto {
-    pub port: u16,
-    pub url: String,
-    child: Child,
-    _dir: tempfile::TempDir,
-}
-
-impl Mosquitto {
-    pub fn start() -> Self {
-        let dir = tempfile::tempdir().unwrap();
-        // Bind to learn a free port, then hand it to Mosquitto.
-        let port = StdTcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
-        let config = dir.path().join("mosquitto.conf");
-        std::fs::write(
-            &config,
-            format!("listener {port} 127.0.0.1\nallow_anonymous true\npersistence false\n"),
-        )
-        .unwrap();
-        let child = spawn_mosquitto(&config, port);
-        Self {
-            port,
-            url: format!("mqtt://127.0.0.1:{port}"),
-            child,
-            _dir: dir,
-        }
-    }
-}
-
-impl Mosquitto {
-    /// Stops the broker and starts a fresh one (no persistence) on the same port.
-    pub fn restart(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        let config = self._dir.path().join("mosquitto.conf");
-        self.child = spawn_mosquitto(&config, self.port);
-    }
-}
-
-fn spawn_mosquitto(config: &std::path::Path, port: u16) -> Child {
-    let child = Command::new("/usr/sbin/mosquitto")
-        .arg("-c")
-        .arg(config)
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("spawn /usr/sbin/mosquitto");
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-        assert!(
-            Instant::now() < deadline,
-            "mosquitto did not start on {port}"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    child
-}
-
-impl Drop for Mosquitto {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
+pub use starling_tests::Mosquitto;
 
 /// Serves fixed bodies by path; anything else is a 404.
 pub struct HttpServer {

@@ -1,11 +1,10 @@
 //! Shared helpers of the coordinator's integration tests: a real Mosquitto on
 //! an ephemeral port, a fresh PostgreSQL database, a coordinator started in
 //! process, and small wasm modules.
-#![allow(dead_code, clippy::unwrap_used, clippy::expect_used, missing_docs)]
+#![allow(dead_code, unused_imports, clippy::unwrap_used, clippy::expect_used, missing_docs)]
 
-use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
+
 use std::time::{Duration, Instant};
 
 use rumqttc::{AsyncClient, Event, EventLoop, MqttOptions, Packet, QoS};
@@ -22,103 +21,7 @@ pub fn minimal_wasm() -> Vec<u8> {
     wat::parse_str(MINIMAL_WAT).unwrap()
 }
 
-pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-pub fn wait_for_port(port: u16) {
-    let addr = SocketAddr::from(([127, 0, 0, 1], port));
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while Instant::now() < deadline {
-        if TcpStream::connect_timeout(&addr, Duration::from_millis(100)).is_ok() {
-            return;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    panic!("nothing listens on port {port}");
-}
-
-/// A real Mosquitto broker, killed on drop.
-pub struct Mosquitto {
-    pub port: u16,
-    pub url: String,
-    child: Child,
-    _dir: tempfile::TempDir,
-}
-
-impl Mosquitto {
-    pub fn start() -> Mosquitto {
-        let dir = tempfile::tempdir().unwrap();
-        let port = free_port();
-        let config = dir.path().join("mosquitto.conf");
-        std::fs::write(
-            &config,
-            format!("listener {port} 127.0.0.1\nallow_anonymous true\n"),
-        )
-        .unwrap();
-        let child = Command::new("/usr/sbin/mosquitto")
-            .arg("-c")
-            .arg(&config)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("spawn /usr/sbin/mosquitto");
-        wait_for_port(port);
-        Mosquitto {
-            port,
-            url: format!("mqtt://127.0.0.1:{port}"),
-            child,
-            _dir: dir,
-        }
-    }
-}
-
-impl Drop for Mosquitto {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-/// A fresh PostgreSQL database, dropped by `drop_database`.
-pub struct PostgresDb {
-    pub name: String,
-    pub url: String,
-}
-
-const POSTGRES_ADMIN_URL: &str = "postgres://postgres@127.0.0.1:5432/test";
-
-impl PostgresDb {
-    pub async fn create() -> PostgresDb {
-        let name = format!("starling_{}", uuid::Uuid::now_v7().simple());
-        let admin = sqlx::PgPool::connect(POSTGRES_ADMIN_URL).await.unwrap();
-        sqlx::query(&format!("CREATE DATABASE {name}"))
-            .execute(&admin)
-            .await
-            .unwrap();
-        admin.close().await;
-        PostgresDb {
-            url: format!("postgres://postgres@127.0.0.1:5432/{name}"),
-            name,
-        }
-    }
-
-    pub async fn drop_database(self) {
-        let admin = sqlx::PgPool::connect(POSTGRES_ADMIN_URL).await.unwrap();
-        sqlx::query(&format!(
-            "DROP DATABASE IF EXISTS {} WITH (FORCE)",
-            self.name
-        ))
-        .execute(&admin)
-        .await
-        .unwrap();
-        admin.close().await;
-    }
-}
+pub use starling_tests::{free_port, Mosquitto, PostgresDb};
 
 /// Starts a coordinator in process on ephemeral ports.
 pub async fn start_coordinator(dir: &Path, adjust: impl FnOnce(&mut CoordinatorConfig)) -> Running {
