@@ -1,7 +1,13 @@
 //! Shared helpers of the coordinator's integration tests: a real Mosquitto on
 //! an ephemeral port, a fresh PostgreSQL database, a coordinator started in
 //! process, and small wasm modules.
-#![allow(dead_code, unused_imports, clippy::unwrap_used, clippy::expect_used, missing_docs)]
+#![allow(
+    dead_code,
+    unused_imports,
+    clippy::unwrap_used,
+    clippy::expect_used,
+    missing_docs
+)]
 
 use std::path::Path;
 
