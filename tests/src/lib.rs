@@ -45,18 +45,17 @@ static BUILD: Once = Once::new();
 pub fn binary(name: &str) -> PathBuf {
     BUILD.call_once(|| {
         let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+        // The same selection `cargo test --workspace` (and scripts/test) builds:
+        // the features cargo unifies depend on it, and any other selection
+        // would rebuild the dependencies with another feature set.
         let mut command = Command::new(cargo);
-        command.current_dir(workspace_root()).args([
-            "build",
-            "--quiet",
-            "-p",
-            "starling-agent",
-            "-p",
-            "starling-coordinator",
-            "--bins",
-        ]);
+        command
+            .current_dir(workspace_root())
+            .args(["build", "--quiet", "--workspace", "--bins"]);
         if release() {
-            command.arg("--release");
+            command.args(["--release", "--benches"]);
+        } else {
+            command.arg("--tests");
         }
         let status = command
             .status()
