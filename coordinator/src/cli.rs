@@ -23,8 +23,12 @@ pub const EXIT_USAGE: i32 = 2;
 /// Exit status: the coordinator could not be reached.
 pub const EXIT_UNREACHABLE: i32 = 3;
 
-/// How often `run --wait` asks for the task's state.
-const POLL_INTERVAL: Duration = Duration::from_millis(200);
+/// The first wait of `run --wait` between two looks at the task's state. Short
+/// tasks finish in tens of milliseconds; the wait doubles from here up to
+/// [`POLL_INTERVAL_MAX`], so long tasks cost the coordinator five requests a second.
+const POLL_INTERVAL_MIN: Duration = Duration::from_millis(5);
+/// The longest wait between two looks at the task's state.
+const POLL_INTERVAL_MAX: Duration = Duration::from_millis(200);
 
 const EXAMPLES: &str = "\
 Examples:
@@ -420,6 +424,7 @@ async fn wait_for_end(client: &Client, id: &str, json: bool) -> Result<TaskDetai
         spinner
     };
     let started = Instant::now();
+    let mut interval = POLL_INTERVAL_MIN;
     loop {
         let task = client.task(id).await?;
         spinner.set_message(format!(
@@ -436,7 +441,8 @@ async fn wait_for_end(client: &Client, id: &str, json: bool) -> Result<TaskDetai
             tracing::debug!(elapsed = ?started.elapsed(), "task ended");
             return Ok(task);
         }
-        tokio::time::sleep(POLL_INTERVAL).await;
+        tokio::time::sleep(interval).await;
+        interval = (interval * 2).min(POLL_INTERVAL_MAX);
     }
 }
 
