@@ -74,6 +74,25 @@ pub struct GpuDevice {
     pub memory_bytes: u64,
     /// Highest clock in MHz.
     pub max_clock_mhz: u32,
+    /// The OpenCL version the device reports (`OpenCL 3.0 ...`).
+    #[serde(default)]
+    pub version: String<TEXT_LEN>,
+    /// Local (work-group shared) memory in bytes.
+    #[serde(default)]
+    pub local_memory_bytes: u64,
+    /// The largest single buffer the device allows, in bytes.
+    #[serde(default)]
+    pub max_alloc_bytes: u64,
+    /// The largest work-group the device runs.
+    #[serde(default)]
+    pub max_work_group_size: u32,
+    /// Whether the device computes in double precision.
+    #[serde(default)]
+    pub fp64: bool,
+    /// Single-precision throughput measured by the agent's calibration kernel,
+    /// in GFLOP/s; `None` when the device was not calibrated.
+    #[serde(default)]
+    pub gflops: Option<f32>,
 }
 
 /// Where a disk's I/O rate came from.

@@ -31,7 +31,7 @@ pub const NAME_LEN: usize = 64;
 /// Longest descriptive text (CPU model, GPU name, mount point), in bytes.
 pub const TEXT_LEN: usize = 128;
 /// Longest human-readable message (failure reasons), in bytes.
-pub const MESSAGE_LEN: usize = 512;
+pub const MESSAGE_LEN: usize = 2048;
 /// Most GPU or accelerator devices reported by one node.
 pub const MAX_GPUS: usize = 8;
 /// Most disks reported by one node.

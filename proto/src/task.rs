@@ -14,7 +14,7 @@ use crate::limits::{ARG_LEN, MAX_ARGS, MESSAGE_LEN, URL_LEN};
 pub struct ExecLimits {
     /// Wall-clock limit in milliseconds.
     pub wall_ms: u64,
-    /// Linear memory limit in bytes.
+    /// Memory limit in bytes: linear memory for wasm, device buffers for OpenCL.
     pub memory_bytes: u64,
     /// Output (stdout) limit in bytes.
     pub output_bytes: u64,
@@ -107,6 +107,10 @@ pub enum FailureReason {
     InvalidModule,
     /// The agent cannot run this runtime.
     UnsupportedRuntime,
+    /// The kernel did not compile for the device; the message holds the build log.
+    BuildFailed,
+    /// The input or arguments do not fit the task's declared layout.
+    InvalidInput,
     /// The wall-clock limit was reached.
     Timeout,
     /// The module tried to grow memory past its limit.

@@ -74,6 +74,12 @@ fn capability() -> impl Strategy<Value = Capability> {
                             compute_units: cu,
                             memory_bytes: mem,
                             max_clock_mhz: 1500,
+                            version: hs("OpenCL 3.0 PoCL"),
+                            local_memory_bytes: 4 << 20,
+                            max_alloc_bytes: mem / 4,
+                            max_work_group_size: 4096,
+                            fp64: true,
+                            gflops: Some(cu as f32 * 1.5),
                         })
                         .unwrap();
                 }

@@ -1,0 +1,1 @@
+//! Length and work-size expressions: integer arithmetic over scalar arguments.
