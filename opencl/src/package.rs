@@ -27,23 +27,86 @@ pub struct Package {
     pub spec: KernelSpec,
 }
 
+/// The largest package accepted, in bytes: room for a source of
+/// [`MAX_SOURCE_BYTES`] even when JSON escapes much of it, and its spec.
+pub const MAX_PACKAGE_BYTES: usize = 8 * MAX_SOURCE_BYTES;
+
+/// Reads only the format, so a package of another format is refused for that
+/// rather than for the fields it has.
+#[derive(Deserialize)]
+struct Header {
+    #[serde(default)]
+    format: Option<serde_json::Value>,
+}
+
 impl Package {
     /// A package of `source` and `spec`, checked as [`Package::from_bytes`] checks one.
     pub fn new(source: String, spec: KernelSpec) -> Result<Package, SpecError> {
-        let _ = (source, spec);
-        todo!("spec helper")
+        let package = Package {
+            format: FORMAT.to_owned(),
+            source,
+            spec,
+        };
+        package.check()?;
+        Ok(package)
     }
 
     /// Parses and checks a package: JSON of the right format, a source within
     /// [`MAX_SOURCE_BYTES`], a valid spec that matches the source.
     pub fn from_bytes(bytes: &[u8]) -> Result<Package, SpecError> {
-        let _ = bytes;
-        todo!("spec helper")
+        if bytes.len() > MAX_PACKAGE_BYTES {
+            return Err(SpecError::Package(format!(
+                "it is {} bytes; the limit is {MAX_PACKAGE_BYTES}",
+                bytes.len()
+            )));
+        }
+        let header: Header = serde_json::from_slice(bytes).map_err(|err| {
+            SpecError::Package(format!(
+                "it is not a JSON object ({err}); a package is {{\"format\": \"{FORMAT}\", \"source\": ..., \"spec\": ...}}"
+            ))
+        })?;
+        match header.format {
+            Some(serde_json::Value::String(format)) if format == FORMAT => {}
+            Some(other) => {
+                let shown: String = other.to_string().chars().take(64).collect();
+                return Err(SpecError::Package(format!(
+                    "its format is {shown}, but this agent reads {FORMAT:?}; rebuild the package with this release of starling"
+                )));
+            }
+            None => {
+                return Err(SpecError::Package(format!(
+                    "it has no \"format\" field; a package says \"format\": {FORMAT:?}"
+                )));
+            }
+        }
+        let package: Package =
+            serde_json::from_slice(bytes).map_err(|err| SpecError::Package(err.to_string()))?;
+        package.check()?;
+        Ok(package)
     }
 
     /// The package's bytes (compact JSON; the same package gives the same bytes).
     pub fn to_bytes(&self) -> Vec<u8> {
-        todo!("spec helper")
+        // Serialising these types cannot fail: every field is a string, a
+        // number, an enum or a list of them, and no map has non-string keys.
+        serde_json::to_vec(self).unwrap_or_default()
+    }
+
+    fn check(&self) -> Result<(), SpecError> {
+        if self.format != FORMAT {
+            return Err(SpecError::Package(format!(
+                "its format is {:?}, but this agent reads {FORMAT:?}",
+                self.format
+            )));
+        }
+        if self.source.len() > MAX_SOURCE_BYTES {
+            return Err(SpecError::Package(format!(
+                "the kernel source is {} bytes; the limit is {MAX_SOURCE_BYTES}",
+                self.source.len()
+            )));
+        }
+        self.spec.validate()?;
+        self.spec.check_source(&self.source)
     }
 
     /// Whether bytes look like a package rather than something else (a JSON
