@@ -60,9 +60,14 @@ impl Package {
                 bytes.len()
             )));
         }
+        if !Package::looks_like(bytes) {
+            return Err(SpecError::Package(format!(
+                "it is not a JSON object; a package is {{\"format\": \"{FORMAT}\", \"source\": ..., \"spec\": ...}}"
+            )));
+        }
         let header: Header = serde_json::from_slice(bytes).map_err(|err| {
             SpecError::Package(format!(
-                "it is not a JSON object ({err}); a package is {{\"format\": \"{FORMAT}\", \"source\": ..., \"spec\": ...}}"
+                "it is not valid JSON ({err}); a package is {{\"format\": \"{FORMAT}\", \"source\": ..., \"spec\": ...}}"
             ))
         })?;
         match header.format {

@@ -421,7 +421,10 @@ impl KernelSpec {
             if !fits {
                 let hint = if param.pointer && space == AddressSpace::Private {
                     " (a pointer parameter needs an address space: __global, __constant or __local)"
-                } else if space == AddressSpace::Constant && arg.is_global_buffer() {
+                } else if space == AddressSpace::Constant
+                    && arg.is_global_buffer()
+                    && arg.kind != ArgKind::In
+                {
                     " (__constant memory is read-only: only an in buffer can be __constant)"
                 } else {
                     ""
