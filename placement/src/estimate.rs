@@ -10,24 +10,88 @@ use core::fmt;
 
 use serde::{Deserialize, Serialize};
 
+use starling_proto::{GpuKind, Runtime};
+
 use crate::model::{NodeLoad, NodeView, PendingTask, TaskClass, REFERENCE_IO_MBPS};
 
 /// Share of an I/O-bound task's reference time spent waiting on storage; the rest
 /// is CPU work. Storage does not speed up with the CPU's power level.
 pub const IO_STORAGE_SHARE: f64 = 0.7;
 
+/// Whether the task needs an OpenCL device: an OpenCL kernel, or a task that
+/// declares it needs one.
+pub fn needs_device(task: &PendingTask) -> bool {
+    task.demand.gpu || task.constraints.runtime == Runtime::Opencl
+}
+
+/// What runs a task on a node.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Runner {
+    /// CPU lanes at the cores' speed.
+    Cores,
+    /// An OpenCL device other than the host CPU (GPU, accelerator): a lane of its
+    /// own, at the device's speed.
+    Device {
+        /// Speed relative to one reference core.
+        speed: f64,
+    },
+    /// The host CPU exposed as an OpenCL device (PoCL): every core of the node,
+    /// at the device's speed.
+    CpuDevice {
+        /// Speed of all the cores together, relative to one reference core.
+        speed: f64,
+    },
+}
+
+/// Where the task runs on the node. An OpenCL task runs on a device of the kind
+/// it wants, the fastest one when any kind will do; a GPU-class task that needs
+/// no device uses a non-CPU device when the node has one (a device kernel with a
+/// CPU fallback) and the cores otherwise; everything else runs on the cores. A
+/// task the node cannot run (see [`check_static`]) is answered `Cores`.
+pub fn runner(node: &NodeView, task: &PendingTask) -> Runner {
+    let Some(gpu) = node.gpu else {
+        return Runner::Cores;
+    };
+    let device = (gpu.devices > 0).then_some(Runner::Device { speed: gpu.speed });
+    let cpu_device = gpu.kinds.cpu.then_some(Runner::CpuDevice {
+        speed: gpu.cpu_device_speed,
+    });
+    if !needs_device(task) {
+        return match (task.class, device) {
+            (TaskClass::Gpu, Some(device)) => device,
+            _ => Runner::Cores,
+        };
+    }
+    let chosen = match task.constraints.device_kind {
+        Some(GpuKind::Cpu) => cpu_device,
+        Some(kind) if gpu.kinds.contains(kind) => device,
+        Some(_) => None,
+        None => match (device, cpu_device) {
+            (Some(_), Some(cpu_device)) if gpu.cpu_device_speed > gpu.speed => Some(cpu_device),
+            (Some(device), _) => Some(device),
+            (None, cpu_device) => cpu_device,
+        },
+    };
+    chosen.unwrap_or(Runner::Cores)
+}
+
 /// Lanes (cores) a task occupies on a node's CPU: `ceil(cpu_cores)`, at least one,
-/// at most the node's cores.
+/// at most the node's cores; every core for a kernel on the CPU's OpenCL device.
 pub fn lanes(node: &NodeView, task: &PendingTask) -> u32 {
-    let wanted = f64::from(task.demand.cpu_cores).ceil().max(1.0);
     let cores = node.cpu_cores.floor().max(1.0);
+    let wanted = match runner(node, task) {
+        Runner::CpuDevice { .. } => cores,
+        _ => f64::from(task.demand.cpu_cores).ceil().max(1.0),
+    };
     // Both are small positive whole numbers, so the cast cannot truncate.
     wanted.min(cores) as u32
 }
 
-/// Whether the task runs on the node's GPU (a GPU-class task on a node with one).
+/// Whether the task runs on one of the node's device lanes (a GPU or
+/// accelerator) rather than on its CPU lanes. A kernel on the CPU's OpenCL
+/// device runs on the CPU lanes.
 pub fn runs_on_gpu(node: &NodeView, task: &PendingTask) -> bool {
-    task.class == TaskClass::Gpu && node.gpu.is_some()
+    matches!(runner(node, task), Runner::Device { .. })
 }
 
 /// Seconds to move `bytes` over the node's link: one round trip to set up, then
@@ -53,13 +117,14 @@ pub fn execution_s(node: &NodeView, task: &PendingTask, power_level: u8) -> f64 
     let factor = node.power_level(power_level).speed_factor.max(0.01);
     let work = task.work.max(0.0);
     let cpu_rate = node.cpu_speed.max(0.01) * factor;
-    match task.class {
-        TaskClass::Gpu => match node.gpu {
-            Some(gpu) => work / (gpu.speed.max(0.01) * factor),
-            None => work / (cpu_rate * f64::from(lanes(node, task))),
-        },
-        TaskClass::Cpu => work / (cpu_rate * f64::from(lanes(node, task))),
-        TaskClass::Io => {
+    match (runner(node, task), task.class) {
+        (Runner::Device { speed } | Runner::CpuDevice { speed }, _) => {
+            work / (speed.max(0.01) * factor)
+        }
+        (Runner::Cores, TaskClass::Cpu | TaskClass::Gpu) => {
+            work / (cpu_rate * f64::from(lanes(node, task)))
+        }
+        (Runner::Cores, TaskClass::Io) => {
             let storage = work * IO_STORAGE_SHARE * REFERENCE_IO_MBPS / node.io_mbps.max(0.1);
             let compute = work * (1.0 - IO_STORAGE_SHARE) / cpu_rate;
             storage + compute
@@ -68,8 +133,9 @@ pub fn execution_s(node: &NodeView, task: &PendingTask, power_level: u8) -> f64 
 }
 
 /// Fraction of the node's dynamic power a running task accounts for: its lanes
-/// out of the cores, or the whole board for a GPU task (a GPU dominates the
-/// board's draw on Jetson-class devices).
+/// out of the cores (all of them for a kernel on the CPU's OpenCL device), or
+/// the whole board shared by the devices for a task on a device lane (a GPU
+/// dominates the board's draw on Jetson-class devices).
 pub fn power_share(node: &NodeView, task: &PendingTask) -> f64 {
     if runs_on_gpu(node, task) {
         1.0 / f64::from(node.gpu_devices().max(1))
@@ -116,6 +182,12 @@ pub enum Incompatible {
     Labels,
     /// The task needs an OpenCL device and the node has none.
     Gpu,
+    /// The node has no OpenCL device of the type the task wants.
+    GpuKind,
+    /// No OpenCL device of the node has the memory the task's buffers need.
+    GpuMemory,
+    /// The task needs double precision and no OpenCL device of the node has it.
+    Fp64,
     /// The node has too little unreserved memory.
     Memory,
     /// The node's energy budget cannot pay for the task.
@@ -124,12 +196,15 @@ pub enum Incompatible {
 
 impl Incompatible {
     /// Every reason, in the order the filters run.
-    pub const ALL: [Incompatible; 7] = [
+    pub const ALL: [Incompatible; 10] = [
         Incompatible::Offline,
         Incompatible::Runtime,
         Incompatible::Arch,
         Incompatible::Labels,
         Incompatible::Gpu,
+        Incompatible::GpuKind,
+        Incompatible::GpuMemory,
+        Incompatible::Fp64,
         Incompatible::Memory,
         Incompatible::EnergyBudget,
     ];
@@ -143,6 +218,9 @@ impl fmt::Display for Incompatible {
             Incompatible::Arch => "architecture differs",
             Incompatible::Labels => "required label missing",
             Incompatible::Gpu => "no OpenCL device",
+            Incompatible::GpuKind => "no OpenCL device of the wanted type",
+            Incompatible::GpuMemory => "not enough device memory",
+            Incompatible::Fp64 => "no double-precision OpenCL device",
             Incompatible::Memory => "not enough free memory",
             Incompatible::EnergyBudget => "energy budget exhausted",
         })
@@ -170,8 +248,21 @@ pub fn check_static(node: &NodeView, task: &PendingTask) -> Result<(), Incompati
     {
         return Err(Incompatible::Labels);
     }
-    if task.demand.gpu && node.gpu.is_none() {
-        return Err(Incompatible::Gpu);
+    if needs_device(task) {
+        // A single buffer larger than the device allows is the agent's to refuse:
+        // the task's demand is the buffers' total.
+        let Some(gpu) = node.gpu else {
+            return Err(Incompatible::Gpu);
+        };
+        if !gpu.has_kind(task.constraints.device_kind) {
+            return Err(Incompatible::GpuKind);
+        }
+        if task.demand.gpu_memory_bytes > gpu.memory_bytes {
+            return Err(Incompatible::GpuMemory);
+        }
+        if task.constraints.fp64 && !gpu.fp64 {
+            return Err(Incompatible::Fp64);
+        }
     }
     if task.demand.memory_bytes > node.memory_bytes {
         return Err(Incompatible::Memory);
@@ -214,10 +305,11 @@ pub fn check(
 /// dominant dimension (speed of that resource, saturating), used to break ties in
 /// favour of the right kind of device.
 pub fn fit(node: &NodeView, task: &PendingTask) -> f64 {
-    let strength = match task.class {
-        TaskClass::Cpu => node.cpu_speed * f64::from(lanes(node, task)),
-        TaskClass::Gpu => node.gpu.map_or(node.cpu_speed * 0.25, |gpu| gpu.speed),
-        TaskClass::Io => node.io_mbps / REFERENCE_IO_MBPS,
+    let strength = match (runner(node, task), task.class) {
+        (Runner::Device { speed } | Runner::CpuDevice { speed }, _) => speed,
+        (Runner::Cores, TaskClass::Cpu) => node.cpu_speed * f64::from(lanes(node, task)),
+        (Runner::Cores, TaskClass::Gpu) => node.cpu_speed * 0.25,
+        (Runner::Cores, TaskClass::Io) => node.io_mbps / REFERENCE_IO_MBPS,
     };
     strength / (strength + 1.0)
 }
@@ -225,7 +317,7 @@ pub fn fit(node: &NodeView, task: &PendingTask) -> f64 {
 /// A count of why nodes were filtered out for one task, to explain a hold.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct FilterTally {
-    counts: [u32; 7],
+    counts: [u32; Incompatible::ALL.len()],
 }
 
 impl FilterTally {
@@ -264,7 +356,8 @@ impl FilterTally {
 #[allow(clippy::unwrap_used, clippy::expect_used)]
 mod tests {
     use super::*;
-    use crate::testing::{node, task};
+    use crate::model::DeviceKinds;
+    use crate::testing::{gpu_capacity, node, task};
 
     #[test]
     fn transfer_time_is_rtt_plus_bytes_over_goodput() {
@@ -303,11 +396,7 @@ mod tests {
             (execution_s(&n, &t, 1) - 6.0).abs() < 1e-9,
             "no GPU: one core"
         );
-        n.gpu = Some(crate::model::GpuCapacity {
-            devices: 1,
-            speed: 3.0,
-            memory_bytes: 1 << 30,
-        });
+        n.gpu = Some(gpu_capacity(3.0, 1 << 30));
         assert!((execution_s(&n, &t, 1) - 2.0).abs() < 1e-9);
         let mut io = task(2, TaskClass::Io);
         io.work = 1.0;
@@ -346,5 +435,143 @@ mod tests {
         t.constraints.arch = None;
         n.online = false;
         assert_eq!(check(&n, &n.load, &t, 0), Err(Incompatible::Offline));
+    }
+
+    /// A node whose only OpenCL device is its CPU through PoCL, 4 GiB, no fp64.
+    fn pocl_node() -> NodeView {
+        let mut n = node("pocl", 4.0, 1.0);
+        n.runtimes.push(Runtime::Opencl);
+        let mut gpu = gpu_capacity(0.0, 4 << 30);
+        gpu.devices = 0;
+        gpu.cpu_device_speed = 3.5;
+        gpu.kinds = DeviceKinds {
+            cpu: true,
+            ..DeviceKinds::default()
+        };
+        gpu.fp64 = false;
+        n.gpu = Some(gpu);
+        n
+    }
+
+    /// A node with one 2 GiB GPU of speed 20, double precision included.
+    fn gpu_node() -> NodeView {
+        let mut n = node("gpu", 4.0, 0.3);
+        n.runtimes.push(Runtime::Opencl);
+        n.gpu = Some(gpu_capacity(20.0, 2 << 30));
+        n
+    }
+
+    fn kernel(device_kind: Option<GpuKind>, gpu_memory_bytes: u64) -> PendingTask {
+        let mut t = task(1, TaskClass::Gpu);
+        t.constraints.runtime = Runtime::Opencl;
+        t.constraints.device_kind = device_kind;
+        t.demand.gpu_memory_bytes = gpu_memory_bytes;
+        t
+    }
+
+    #[test]
+    fn a_gpu_kernel_is_refused_by_a_cpu_opencl_node_and_taken_by_a_gpu_node() {
+        let t = kernel(Some(GpuKind::Gpu), 256 << 20);
+        assert_eq!(check_static(&pocl_node(), &t), Err(Incompatible::GpuKind));
+        assert_eq!(check_static(&gpu_node(), &t), Ok(()));
+        assert_eq!(
+            Incompatible::GpuKind.to_string(),
+            "no OpenCL device of the wanted type"
+        );
+        // And the other way round: a kernel for a CPU device.
+        let cpu_kernel = kernel(Some(GpuKind::Cpu), 256 << 20);
+        assert_eq!(check_static(&pocl_node(), &cpu_kernel), Ok(()));
+        assert_eq!(
+            check_static(&gpu_node(), &cpu_kernel),
+            Err(Incompatible::GpuKind)
+        );
+    }
+
+    #[test]
+    fn any_kind_kernel_runs_on_a_pocl_cpu_device_with_every_core() {
+        let n = pocl_node();
+        let mut t = kernel(None, 256 << 20);
+        t.work = 7.0;
+        assert_eq!(check(&n, &n.load, &t, 1), Ok(()));
+        assert_eq!(runner(&n, &t), Runner::CpuDevice { speed: 3.5 });
+        assert!(!runs_on_gpu(&n, &t), "PoCL runs on the CPU lanes");
+        assert_eq!(lanes(&n, &t), 4, "PoCL keeps every core busy");
+        // At the device's speed, not the cores': 7 / 3.5.
+        assert!((execution_s(&n, &t, 1) - 2.0).abs() < 1e-9);
+        assert!((power_share(&n, &t) - 1.0).abs() < 1e-9);
+        // A GPU-class task that needs no device runs on one core there.
+        let mut wasm = task(2, TaskClass::Gpu);
+        wasm.work = 7.0;
+        assert_eq!(runner(&n, &wasm), Runner::Cores);
+        assert!((execution_s(&n, &wasm, 1) - 7.0).abs() < 1e-9);
+    }
+
+    #[test]
+    fn a_kernel_runs_on_the_gpu_lane_at_the_gpu_speed() {
+        let n = gpu_node();
+        let mut t = kernel(None, 256 << 20);
+        t.class = TaskClass::Cpu;
+        t.work = 10.0;
+        assert!(
+            runs_on_gpu(&n, &t),
+            "an OpenCL task runs on the device whatever its class"
+        );
+        assert!((execution_s(&n, &t, 1) - 0.5).abs() < 1e-9);
+        assert_eq!(lanes(&n, &t), 1);
+        // Both a GPU and PoCL: any kind goes to the faster device, and a kernel
+        // for the CPU to the CPU device.
+        let mut both = gpu_node();
+        if let Some(gpu) = both.gpu.as_mut() {
+            gpu.kinds.cpu = true;
+            gpu.cpu_device_speed = 1.0;
+        }
+        assert_eq!(runner(&both, &t), Runner::Device { speed: 20.0 });
+        t.constraints.device_kind = Some(GpuKind::Cpu);
+        assert_eq!(runner(&both, &t), Runner::CpuDevice { speed: 1.0 });
+    }
+
+    #[test]
+    fn device_memory_and_double_precision_are_hard_constraints() {
+        let gpu = gpu_node();
+        let mut t = kernel(None, (2 << 30) + 1);
+        assert_eq!(check_static(&gpu, &t), Err(Incompatible::GpuMemory));
+        assert_eq!(
+            Incompatible::GpuMemory.to_string(),
+            "not enough device memory"
+        );
+        t.demand.gpu_memory_bytes = 2 << 30;
+        assert_eq!(check_static(&gpu, &t), Ok(()));
+        t.constraints.fp64 = true;
+        assert_eq!(check_static(&gpu, &t), Ok(()));
+        assert_eq!(check_static(&pocl_node(), &t), Err(Incompatible::Fp64));
+        // A node without any device says so first.
+        let mut plain = node("plain", 4.0, 1.0);
+        plain.runtimes.push(Runtime::Opencl);
+        assert_eq!(check_static(&plain, &t), Err(Incompatible::Gpu));
+        // `gpu: true` on a wasm task asks for a device the same way.
+        let mut declared = task(3, TaskClass::Gpu);
+        declared.demand.gpu = true;
+        declared.constraints.device_kind = Some(GpuKind::Gpu);
+        assert_eq!(
+            check_static(&pocl_node(), &declared),
+            Err(Incompatible::GpuKind)
+        );
+        // A task that needs no device ignores the device fields.
+        declared.demand.gpu = false;
+        declared.demand.gpu_memory_bytes = u64::MAX;
+        assert_eq!(check_static(&pocl_node(), &declared), Ok(()));
+    }
+
+    #[test]
+    fn the_tally_counts_every_reason_and_names_them() {
+        let mut tally = FilterTally::default();
+        for (count, reason) in Incompatible::ALL.iter().enumerate() {
+            for _ in 0..=count {
+                tally.add(*reason);
+            }
+        }
+        let text = tally.describe();
+        assert!(text.starts_with("10 × energy budget exhausted, 9 × not enough free memory, 8 × no double-precision OpenCL device, 7 × not enough device memory, 6 × no OpenCL device of the wanted type"), "{text}");
+        assert!(text.ends_with("1 × node offline"), "{text}");
     }
 }

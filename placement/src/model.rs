@@ -35,7 +35,7 @@ use core::fmt;
 use core::str::FromStr;
 
 use serde::{Deserialize, Serialize};
-use starling_proto::{Capability, GpuKind, Label, NodeId, Runtime, Telemetry};
+use starling_proto::{Capability, GpuDevice, GpuKind, Label, NodeId, Runtime, Telemetry};
 
 use crate::estimate;
 
@@ -43,6 +43,24 @@ use crate::estimate;
 pub const REFERENCE_CORE_SPEED: f64 = 1.0;
 /// Storage rate of the reference node, MB/s (a SATA SSD in an x86 mini PC).
 pub const REFERENCE_IO_MBPS: f64 = 500.0;
+/// Single-precision GFLOP/s of one reference core (an x86 mini-PC core = speed
+/// 1.0) on the agent's calibration kernel. It converts a calibrated OpenCL
+/// device's measured GFLOP/s into a speed relative to the reference core. A
+/// provisional figure until the calibration kernel is measured on a reference
+/// core through PoCL.
+pub const REFERENCE_CORE_GFLOPS: f64 = 8.0;
+/// FLOPs per compute unit per cycle assumed for an uncalibrated non-CPU device:
+/// 64 lanes issuing a fused multiply-add (an AMD GCN compute unit; half a Maxwell
+/// SM). Units differ widely between vendors; calibration replaces the guess.
+const ESTIMATED_FLOPS_PER_UNIT_CYCLE: f64 = 128.0;
+/// Fraction of the estimated peak a calibration kernel reaches on a GPU.
+const ESTIMATED_CALIBRATION_EFFICIENCY: f64 = 0.65;
+/// Share of its cores' speed an uncalibrated CPU OpenCL device (PoCL) is credited
+/// with: kernels vectorise less well than native code and threads cost overhead.
+const ESTIMATED_CPU_DEVICE_EFFICIENCY: f64 = 0.8;
+/// The least speed an uncalibrated device is credited with, so that a device
+/// reporting nonsense (zero units or clock) still counts as slow rather than absent.
+const MIN_ESTIMATED_DEVICE_SPEED: f64 = 0.5;
 /// Work assumed for a queued task a node reports but the coordinator did not place
 /// (reference seconds): telemetry counts tasks, not their sizes.
 pub const UNKNOWN_TASK_WORK_S: f64 = 1.0;
@@ -107,6 +125,10 @@ pub struct Demand {
     pub gpu: bool,
     /// Storage rate it uses, MB/s (scoring only; not a hard constraint).
     pub io_mbps: f32,
+    /// Device memory its OpenCL buffers need together, bytes (0 when it is not an
+    /// OpenCL task): the node needs a device with at least this much.
+    #[serde(default)]
+    pub gpu_memory_bytes: u64,
 }
 
 /// Hard constraints on where a task may run.
@@ -118,6 +140,13 @@ pub struct Constraints {
     pub arch: Option<String>,
     /// Labels the node must carry (all of them).
     pub labels: Vec<Label>,
+    /// The OpenCL device type an OpenCL task wants (`None`: any). Ignored for
+    /// tasks that need no OpenCL device.
+    #[serde(default)]
+    pub device_kind: Option<GpuKind>,
+    /// Whether an OpenCL task needs double precision (its kernel uses `double`).
+    #[serde(default)]
+    pub fp64: bool,
 }
 
 /// A task waiting for a placement.
@@ -168,15 +197,156 @@ pub struct NetworkLink {
     pub loss: f64,
 }
 
-/// A node's GPU capacity (OpenCL devices).
+/// Which kinds of OpenCL devices a node has.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct DeviceKinds {
+    /// A graphics processor.
+    pub gpu: bool,
+    /// The host CPU exposed as an OpenCL device (PoCL, for instance).
+    pub cpu: bool,
+    /// A dedicated accelerator.
+    pub accelerator: bool,
+    /// A device the platform reports as none of the above.
+    pub other: bool,
+}
+
+impl DeviceKinds {
+    /// Whether a device of `kind` is present.
+    pub fn contains(self, kind: GpuKind) -> bool {
+        match kind {
+            GpuKind::Gpu => self.gpu,
+            GpuKind::Cpu => self.cpu,
+            GpuKind::Accelerator => self.accelerator,
+            GpuKind::Other => self.other,
+        }
+    }
+
+    /// Whether a device satisfying `wanted` is present (`None`: any device).
+    pub fn satisfies(self, wanted: Option<GpuKind>) -> bool {
+        match wanted {
+            Some(kind) => self.contains(kind),
+            None => self.gpu || self.cpu || self.accelerator || self.other,
+        }
+    }
+
+    /// Marks a device of `kind` as present.
+    pub fn insert(&mut self, kind: GpuKind) {
+        match kind {
+            GpuKind::Gpu => self.gpu = true,
+            GpuKind::Cpu => self.cpu = true,
+            GpuKind::Accelerator => self.accelerator = true,
+            GpuKind::Other => self.other = true,
+        }
+    }
+}
+
+/// A summary of a node's OpenCL devices: what the hard filters check and what
+/// the estimates run on. Built from the devices by [`GpuCapacity::from_devices`],
+/// for real nodes and simulated ones alike.
+///
+/// The host CPU exposed through OpenCL (PoCL) is kept apart from the other
+/// devices: a kernel on it runs on the node's cores, so it competes with the
+/// CPU lanes rather than adding a lane of its own.
+///
+/// On a node with devices of several kinds the figures are the best over all of
+/// them (speed over the non-CPU devices): the summary does not pair each
+/// device's memory with its kind. Edge nodes rarely mix kinds, and the agent
+/// checks the chosen device's own limits before a kernel runs.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub struct GpuCapacity {
-    /// Devices; each runs one GPU task at a time.
+    /// Devices other than the host CPU (GPUs, accelerators); each runs one task
+    /// at a time beside the CPU lanes.
     pub devices: u32,
-    /// Speed of one device on GPU-class work, relative to one reference core.
+    /// Speed of the fastest of those devices relative to one reference core
+    /// (0 when there are none).
     pub speed: f64,
-    /// Memory of one device, bytes.
+    /// Speed of the host CPU exposed as an OpenCL device, all its cores together,
+    /// relative to one reference core (0 when there is none).
+    pub cpu_device_speed: f64,
+    /// Global memory of the largest device, bytes.
     pub memory_bytes: u64,
+    /// The largest single buffer any device allows, bytes.
+    pub max_alloc_bytes: u64,
+    /// Which kinds of devices are present.
+    pub kinds: DeviceKinds,
+    /// Whether some device computes in double precision.
+    pub fp64: bool,
+}
+
+impl GpuCapacity {
+    /// The summary of a node's OpenCL devices, `None` without any. `cpu_speed` is
+    /// the speed of one of the node's cores relative to the reference core; it
+    /// prices an uncalibrated CPU device.
+    pub fn from_devices(devices: &[GpuDevice], cpu_speed: f64) -> Option<GpuCapacity> {
+        if devices.is_empty() {
+            return None;
+        }
+        let mut capacity = GpuCapacity {
+            devices: 0,
+            speed: 0.0,
+            cpu_device_speed: 0.0,
+            memory_bytes: 0,
+            max_alloc_bytes: 0,
+            kinds: DeviceKinds::default(),
+            fp64: false,
+        };
+        for device in devices {
+            let speed = Self::device_speed(device, cpu_speed);
+            capacity.kinds.insert(device.kind);
+            if device.kind == GpuKind::Cpu {
+                capacity.cpu_device_speed = capacity.cpu_device_speed.max(speed);
+            } else {
+                capacity.devices = capacity.devices.saturating_add(1);
+                capacity.speed = capacity.speed.max(speed);
+            }
+            capacity.memory_bytes = capacity.memory_bytes.max(device.memory_bytes);
+            // A device that did not report its limit (an older agent) is allowed
+            // what OpenCL guarantees: a quarter of its memory, at least 128 MiB.
+            let max_alloc = if device.max_alloc_bytes > 0 {
+                device.max_alloc_bytes
+            } else {
+                (device.memory_bytes / 4)
+                    .max(128 << 20)
+                    .min(device.memory_bytes)
+            };
+            capacity.max_alloc_bytes = capacity.max_alloc_bytes.max(max_alloc);
+            capacity.fp64 |= device.fp64;
+        }
+        Some(capacity)
+    }
+
+    /// One device's speed relative to one reference core: its calibrated
+    /// GFLOP/s over [`REFERENCE_CORE_GFLOPS`] when the agent measured it;
+    /// otherwise an estimate, from the cores' speed for a CPU device and from
+    /// compute units × clock for any other.
+    pub fn device_speed(device: &GpuDevice, cpu_speed: f64) -> f64 {
+        let measured = device
+            .gflops
+            .map(f64::from)
+            .filter(|gflops| gflops.is_finite() && *gflops > 0.0);
+        if let Some(gflops) = measured {
+            return gflops / REFERENCE_CORE_GFLOPS;
+        }
+        let units = f64::from(device.compute_units.max(1));
+        let estimate = match device.kind {
+            GpuKind::Cpu => units * cpu_speed.max(0.0) * ESTIMATED_CPU_DEVICE_EFFICIENCY,
+            _ => {
+                // An unknown clock is taken as 1 GHz, common for embedded GPUs.
+                let ghz = match device.max_clock_mhz {
+                    0 => 1.0,
+                    mhz => f64::from(mhz) / 1000.0,
+                };
+                units * ghz * ESTIMATED_FLOPS_PER_UNIT_CYCLE * ESTIMATED_CALIBRATION_EFFICIENCY
+                    / REFERENCE_CORE_GFLOPS
+            }
+        };
+        estimate.max(MIN_ESTIMATED_DEVICE_SPEED)
+    }
+
+    /// Whether the node has a device of the wanted kind (`None`: any).
+    pub fn has_kind(&self, wanted: Option<GpuKind>) -> bool {
+        self.kinds.satisfies(wanted)
+    }
 }
 
 /// The quantities of a node that change as tasks are placed, start and finish.
@@ -322,37 +492,7 @@ impl NodeView {
         let arch = capability.arch.as_str().to_owned();
         let cpu_cores = f64::from(capability.cpu.cores.max(1));
         let cpu_speed = core_speed(&arch, capability.cpu.max_mhz);
-        let gpu = if capability.gpus.is_empty() {
-            None
-        } else {
-            let devices = u32::try_from(capability.gpus.len()).unwrap_or(u32::MAX);
-            // Speed of the strongest device on GPU-class work: compute units × clock,
-            // scaled so that a Jetson Nano's Maxwell GPU (1 SM at 921 MHz) is ~3
-            // reference cores. A CPU exposed through OpenCL counts at core speed.
-            let speed = capability
-                .gpus
-                .iter()
-                .map(|device| {
-                    let clock = f64::from(device.max_clock_mhz.max(1));
-                    let units = f64::from(device.compute_units.max(1));
-                    match device.kind {
-                        GpuKind::Cpu => units * cpu_speed * 0.8,
-                        _ => units * clock / 300.0,
-                    }
-                })
-                .fold(0.5_f64, f64::max);
-            let memory_bytes = capability
-                .gpus
-                .iter()
-                .map(|device| device.memory_bytes)
-                .max()
-                .unwrap_or(0);
-            Some(GpuCapacity {
-                devices,
-                speed,
-                memory_bytes,
-            })
-        };
+        let gpu = GpuCapacity::from_devices(&capability.gpus, cpu_speed);
         let io_mbps = capability
             .disks
             .iter()
@@ -459,7 +599,7 @@ impl NodeView {
             })
     }
 
-    /// GPU devices (0 without a GPU).
+    /// OpenCL devices other than the host CPU (0 without any): the device lanes.
     pub fn gpu_devices(&self) -> u32 {
         self.gpu.map_or(0, |gpu| gpu.devices)
     }
@@ -565,6 +705,31 @@ mod tests {
         CpuInfo, DiskInfo, GpuDevice, LinkState, PowerLevel, RateSource, PROTOCOL_VERSION,
     };
 
+    /// An OpenCL device without double precision or a reported allocation limit.
+    fn device(
+        kind: GpuKind,
+        compute_units: u32,
+        max_clock_mhz: u32,
+        memory_bytes: u64,
+        gflops: Option<f32>,
+    ) -> GpuDevice {
+        GpuDevice {
+            platform: "Portable Computing Language".try_into().unwrap(),
+            vendor: "vendor".try_into().unwrap(),
+            name: "device".try_into().unwrap(),
+            kind,
+            compute_units,
+            memory_bytes,
+            max_clock_mhz,
+            version: "OpenCL 3.0".try_into().unwrap(),
+            local_memory_bytes: 64 << 10,
+            max_alloc_bytes: 0,
+            max_work_group_size: 1024,
+            fp64: false,
+            gflops,
+        }
+    }
+
     fn capability(arch: &str) -> Capability {
         let mut capability = Capability {
             v: PROTOCOL_VERSION,
@@ -589,15 +754,7 @@ mod tests {
         if arch == "aarch64" {
             capability
                 .gpus
-                .push(GpuDevice {
-                    platform: "NVIDIA CUDA".try_into().unwrap(),
-                    vendor: "NVIDIA".try_into().unwrap(),
-                    name: "Maxwell".try_into().unwrap(),
-                    kind: GpuKind::Gpu,
-                    compute_units: 1,
-                    memory_bytes: 4 << 30,
-                    max_clock_mhz: 921,
-                })
+                .push(device(GpuKind::Gpu, 1, 921, 4 << 30, None))
                 .unwrap();
             for (level, speed, active) in [(0u8, 0.6f32, 5.0f32), (1, 1.0, 10.0)] {
                 capability
@@ -680,7 +837,9 @@ mod tests {
         assert!(!view.online);
         let gpu = view.gpu.unwrap();
         assert_eq!(gpu.devices, 1);
-        assert!((gpu.speed - 3.07).abs() < 0.01, "{}", gpu.speed);
+        // Uncalibrated: 1 unit × 0.921 GHz × 128 FLOP/cycle × 65% over 8 GFLOP/s.
+        assert!((gpu.speed - 9.58).abs() < 0.01, "{}", gpu.speed);
+        assert!(gpu.kinds.gpu && !gpu.kinds.cpu);
         assert_eq!(view.power_levels.len(), 2);
         assert_eq!(view.power_levels[0].speed_factor, 0.6f32 as f64);
         assert_eq!(view.load.free_cpu_cores, 2.0);
@@ -718,6 +877,93 @@ mod tests {
         // Out of range: nothing changes.
         view.commit(5, &task, 0);
         assert_eq!(view.nodes[0].load, load);
+    }
+
+    #[test]
+    fn a_calibrated_device_is_as_fast_as_its_gflops_say() {
+        let calibrated = device(GpuKind::Gpu, 1, 921, 4 << 30, Some(150.0));
+        let speed = GpuCapacity::device_speed(&calibrated, 0.3);
+        assert!(
+            (speed - 150.0 / REFERENCE_CORE_GFLOPS).abs() < 1e-9,
+            "{speed}"
+        );
+        // The same device uncalibrated is priced from units × clock instead.
+        let estimated = device(GpuKind::Gpu, 1, 921, 4 << 30, None);
+        let guess = GpuCapacity::device_speed(&estimated, 0.3);
+        assert!((guess - 9.58).abs() < 0.01, "{guess}");
+        // A CPU device without a measurement counts its cores at 80% of their speed.
+        let pocl = device(GpuKind::Cpu, 8, 3000, 16 << 30, None);
+        assert!((GpuCapacity::device_speed(&pocl, 0.5) - 3.2).abs() < 1e-9);
+        // Nonsense measurements fall back to the estimate; nonsense figures to a floor.
+        let nan = device(GpuKind::Gpu, 1, 921, 1 << 30, Some(f32::NAN));
+        assert_eq!(GpuCapacity::device_speed(&nan, 0.3), guess);
+        let blank = device(GpuKind::Cpu, 0, 0, 1 << 30, None);
+        assert_eq!(GpuCapacity::device_speed(&blank, 0.0), 0.5);
+    }
+
+    #[test]
+    fn from_devices_summarises_kinds_memory_and_speed() {
+        assert_eq!(GpuCapacity::from_devices(&[], 1.0), None);
+
+        // PoCL alone: no device lane, the CPU device priced by its measurement.
+        let mut pocl = device(GpuKind::Cpu, 16, 3000, 32 << 30, Some(96.0));
+        pocl.fp64 = true;
+        pocl.max_alloc_bytes = 8 << 30;
+        let cpu_only = GpuCapacity::from_devices(core::slice::from_ref(&pocl), 1.0).unwrap();
+        assert_eq!(cpu_only.devices, 0);
+        assert_eq!(cpu_only.speed, 0.0);
+        assert!((cpu_only.cpu_device_speed - 12.0).abs() < 1e-9);
+        assert_eq!(
+            cpu_only.kinds,
+            DeviceKinds {
+                cpu: true,
+                ..DeviceKinds::default()
+            }
+        );
+        assert!(cpu_only.has_kind(None) && cpu_only.has_kind(Some(GpuKind::Cpu)));
+        assert!(!cpu_only.has_kind(Some(GpuKind::Gpu)));
+        assert_eq!(cpu_only.memory_bytes, 32 << 30);
+        assert_eq!(cpu_only.max_alloc_bytes, 8 << 30);
+        assert!(cpu_only.fp64);
+
+        // Two GPUs and an accelerator beside it: three device lanes, the fastest
+        // sets the speed, the largest sets the memory; a missing allocation limit
+        // is taken as OpenCL's guaranteed quarter of the memory.
+        let small = device(GpuKind::Gpu, 2, 1000, 2 << 30, Some(40.0));
+        let big = device(GpuKind::Gpu, 20, 1500, 8 << 30, Some(4000.0));
+        let npu = device(GpuKind::Accelerator, 4, 800, 1 << 30, None);
+        let mixed = GpuCapacity::from_devices(&[pocl, small, big, npu], 1.0).unwrap();
+        assert_eq!(mixed.devices, 3);
+        assert!((mixed.speed - 500.0).abs() < 1e-9);
+        assert!((mixed.cpu_device_speed - 12.0).abs() < 1e-9);
+        assert_eq!(mixed.memory_bytes, 32 << 30);
+        assert_eq!(mixed.max_alloc_bytes, 8 << 30);
+        assert!(mixed.kinds.gpu && mixed.kinds.cpu && mixed.kinds.accelerator);
+        assert!(!mixed.kinds.other && !mixed.has_kind(Some(GpuKind::Other)));
+
+        let lone =
+            GpuCapacity::from_devices(&[device(GpuKind::Gpu, 1, 921, 4 << 30, None)], 0.3).unwrap();
+        assert_eq!(lone.max_alloc_bytes, 1 << 30);
+        assert!(!lone.fp64);
+        let tiny =
+            GpuCapacity::from_devices(&[device(GpuKind::Other, 1, 500, 64 << 20, None)], 1.0)
+                .unwrap();
+        assert_eq!(tiny.max_alloc_bytes, 64 << 20, "never more than the memory");
+        assert!(tiny.has_kind(Some(GpuKind::Other)));
+    }
+
+    #[test]
+    fn from_reports_and_the_simulator_share_from_devices() {
+        let mut capability = capability("x86_64");
+        let mut pocl = device(GpuKind::Cpu, 4, 1500, 4 << 30, None);
+        pocl.gflops = Some(20.0);
+        capability.gpus.push(pocl.clone()).unwrap();
+        let view = NodeView::from_reports(&capability, None, true);
+        assert_eq!(
+            view.gpu,
+            GpuCapacity::from_devices(&[pocl], view.cpu_speed),
+            "the same summary a simulated node gets from its device list"
+        );
     }
 
     #[test]

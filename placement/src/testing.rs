@@ -5,8 +5,8 @@
 use starling_proto::{NodeId, Runtime};
 
 use crate::model::{
-    Constraints, Demand, EnergyState, NetworkLink, NodeLoad, NodeView, PendingTask,
-    PowerLevelModel, TaskClass,
+    Constraints, Demand, DeviceKinds, EnergyState, GpuCapacity, NetworkLink, NodeLoad, NodeView,
+    PendingTask, PowerLevelModel, TaskClass,
 };
 
 /// An idle x86_64 node running wasm with 8 GiB, two power levels (half speed at
@@ -75,6 +75,7 @@ pub fn task(key: u64, class: TaskClass) -> PendingTask {
             memory_bytes: 64 << 20,
             gpu: false,
             io_mbps: 10.0,
+            gpu_memory_bytes: 0,
         },
         work: 1.0,
         input_bytes: 1_000_000,
@@ -86,6 +87,25 @@ pub fn task(key: u64, class: TaskClass) -> PendingTask {
             runtime: Runtime::Wasm,
             arch: None,
             labels: Vec::new(),
+            device_kind: None,
+            fp64: false,
         },
+    }
+}
+
+/// One GPU-type OpenCL device of `speed` reference cores and `memory_bytes`,
+/// double precision included, with a quarter of its memory as the largest buffer.
+pub fn gpu_capacity(speed: f64, memory_bytes: u64) -> GpuCapacity {
+    GpuCapacity {
+        devices: 1,
+        speed,
+        cpu_device_speed: 0.0,
+        memory_bytes,
+        max_alloc_bytes: memory_bytes / 4,
+        kinds: DeviceKinds {
+            gpu: true,
+            ..DeviceKinds::default()
+        },
+        fp64: true,
     }
 }

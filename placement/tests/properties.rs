@@ -1,17 +1,19 @@
 //! Property tests: on random clusters and queues, no policy's decision breaks a
-//! hard constraint (online, runtime, arch, labels, GPU, memory), every task gets
-//! exactly one decision, and the simulator is deterministic for a seed.
+//! hard constraint (online, runtime, arch, labels, OpenCL device type, device
+//! memory and double precision, memory), every task gets exactly one decision,
+//! and the simulator is deterministic for a seed.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::collections::HashMap;
 
 use proptest::prelude::*;
-use starling_placement::model::{GpuCapacity, PowerLevelModel};
+use starling_placement::estimate;
+use starling_placement::model::{DeviceKinds, PowerLevelModel};
 use starling_placement::policy::{policy_by_name, Outcome, POLICY_NAMES};
 use starling_placement::sim::{self, FakeStopwatch, LoadLevel, SimConfig};
-use starling_placement::testing::{node, task};
+use starling_placement::testing::{gpu_capacity, node, task};
 use starling_placement::{ClusterView, NodeView, PendingTask, TaskClass};
-use starling_proto::{Label, Runtime};
+use starling_proto::{GpuKind, Label, Runtime};
 
 const ARCHES: [&str; 2] = ["x86_64", "aarch64"];
 
@@ -27,7 +29,8 @@ prop_compose! {
         speed in 0.1..2.0f64,
         memory_gib in 1..9u64,
         used in 0.0..1.0f64,
-        gpu in prop::bool::ANY,
+        // OpenCL devices: (GPU, PoCL or both; memory in GiB; double precision).
+        gpu in prop::option::of((0..3usize, 1..9u64, prop::bool::ANY)),
         opencl in prop::bool::ANY,
         zone in prop::option::of(0..2usize),
         backlog in 0.0..30.0f64,
@@ -41,8 +44,19 @@ prop_compose! {
         n.load.free_memory_bytes = ((n.memory_bytes as f64) * (1.0 - used)) as u64;
         n.load.backlog_cpu_s = backlog;
         n.network.bandwidth_mbps = bandwidth;
-        if gpu {
-            n.gpu = Some(GpuCapacity { devices: 1, speed: 3.0, memory_bytes: 1 << 30 });
+        if let Some((kinds, memory_gib, fp64)) = gpu {
+            let mut capacity = gpu_capacity(3.0, memory_gib << 30);
+            capacity.fp64 = fp64;
+            if kinds > 0 {
+                capacity.kinds.cpu = true;
+                capacity.cpu_device_speed = f64::from(cores) * speed;
+            }
+            if kinds == 1 {
+                capacity.devices = 0;
+                capacity.speed = 0.0;
+                capacity.kinds = DeviceKinds { cpu: true, ..DeviceKinds::default() };
+            }
+            n.gpu = Some(capacity);
         }
         n.runtimes = if opencl { vec![Runtime::Wasm, Runtime::Opencl] } else { vec![Runtime::Wasm] };
         n.labels = zone.map(|z| vec![label(["a", "b"][z])]).unwrap_or_default();
@@ -63,6 +77,8 @@ prop_compose! {
         memory_mib in 1..3000u64,
         needs_gpu in prop::bool::weighted(0.2),
         opencl in prop::bool::weighted(0.2),
+        // (wanted device type, device memory in MiB, double precision).
+        device in (prop::option::of(0..4usize), 0..6000u64, prop::bool::weighted(0.2)),
         arch in prop::option::weighted(0.2, 0..2usize),
         zone in prop::option::weighted(0.2, 0..2usize),
         work in 0.01..20.0f64,
@@ -79,6 +95,11 @@ prop_compose! {
         t.submitted_ms = 1_000;
         t.deadline_ms = deadline.map(|d| 1_000 + d);
         t.constraints.runtime = if opencl { Runtime::Opencl } else { Runtime::Wasm };
+        let (kind, device_mib, fp64) = device;
+        t.constraints.device_kind =
+            kind.map(|k| [GpuKind::Gpu, GpuKind::Cpu, GpuKind::Accelerator, GpuKind::Other][k]);
+        t.demand.gpu_memory_bytes = device_mib << 20;
+        t.constraints.fp64 = fp64;
         t.constraints.arch = arch.map(|a| ARCHES[a].to_owned());
         t.constraints.labels = zone.map(|z| vec![label(["a", "b"][z])]).unwrap_or_default();
         t
@@ -125,8 +146,13 @@ proptest! {
                 for wanted in &task.constraints.labels {
                     prop_assert!(n.labels.contains(wanted), "{}: label {}", name, wanted);
                 }
-                if task.demand.gpu {
-                    prop_assert!(n.gpu.is_some(), "{}: GPU", name);
+                if estimate::needs_device(task) {
+                    let gpu = n.gpu.as_ref();
+                    prop_assert!(gpu.is_some(), "{}: OpenCL device", name);
+                    let gpu = gpu.unwrap();
+                    prop_assert!(gpu.has_kind(task.constraints.device_kind), "{}: device type", name);
+                    prop_assert!(task.demand.gpu_memory_bytes <= gpu.memory_bytes, "{}: device memory", name);
+                    prop_assert!(!task.constraints.fp64 || gpu.fp64, "{}: fp64", name);
                 }
                 prop_assert!(usize::from(power_level) < n.power_levels.len(), "{}: power level", name);
                 let total = reserved.entry(node).or_default();

@@ -40,7 +40,6 @@ use std::hash::{Hash, Hasher};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use serde::{Deserialize, Serialize};
-use starling_proto::Runtime;
 
 use crate::estimate::{self, FilterTally};
 use crate::model::{ClusterView, NodeView, PendingTask};
@@ -192,9 +191,16 @@ fn profile_hash(node: &NodeView) -> u64 {
         .budget_joules
         .map(f64::to_bits)
         .hash(&mut hasher);
+    // Everything the static filters and the estimates read, so that one
+    // representative answers for the whole group.
     if let Some(gpu) = node.gpu {
         gpu.devices.hash(&mut hasher);
         gpu.speed.to_bits().hash(&mut hasher);
+        gpu.cpu_device_speed.to_bits().hash(&mut hasher);
+        gpu.memory_bytes.hash(&mut hasher);
+        gpu.max_alloc_bytes.hash(&mut hasher);
+        gpu.kinds.hash(&mut hasher);
+        gpu.fp64.hash(&mut hasher);
     }
     for level in &node.power_levels {
         level.speed_factor.to_bits().hash(&mut hasher);
@@ -248,7 +254,7 @@ impl Index {
         group
             .by_cpu_wait
             .push(Reverse((wait_key(cpu_wait), node, version)));
-        if view.gpu.is_some() {
+        if view.gpu_devices() > 0 {
             let gpu_wait = load.backlog_gpu_s / f64::from(view.gpu_devices().max(1));
             group
                 .by_gpu_wait
@@ -341,7 +347,7 @@ impl Knobs {
         let (gpu_wait_s, gpu_nodes) = view
             .nodes
             .iter()
-            .filter(|node| node.online && node.gpu.is_some())
+            .filter(|node| node.online && node.gpu_devices() > 0)
             .fold((0.0, 0_usize), |(wait, count), node| {
                 let devices = f64::from(node.gpu_devices().max(1));
                 (wait + node.load.backlog_gpu_s / devices, count + 1)
@@ -368,11 +374,6 @@ impl Knobs {
 fn best_deadline(task: &PendingTask) -> f64 {
     task.deadline_ms
         .map_or(f64::INFINITY, |deadline| deadline as f64)
-}
-
-/// Whether only a GPU node can run the task (it demands an OpenCL device or runtime).
-fn needs_gpu(task: &PendingTask) -> bool {
-    task.demand.gpu || task.constraints.runtime == Runtime::Opencl
 }
 
 /// The task's urgency order: priority first, then slack, then submission.
@@ -445,11 +446,12 @@ fn best_level(
         } else {
             // Hard-pressed anyway: the earliest finish, but not at the price of a
             // congested GPU that tasks with nowhere else to go are queueing for.
-            let borrowed_gpu_s = if estimate::runs_on_gpu(node, task) && !needs_gpu(task) {
-                estimate::execution_s(node, task, top)
-            } else {
-                0.0
-            };
+            let borrowed_gpu_s =
+                if estimate::runs_on_gpu(node, task) && !estimate::needs_device(task) {
+                    estimate::execution_s(node, task, top)
+                } else {
+                    0.0
+                };
             -(fastest.finish_ms - round.now_ms) / 1000.0
                 - knobs.gpu_reserve_s_per_s * borrowed_gpu_s
         };
@@ -607,18 +609,15 @@ impl Policy for HeuristicPolicy {
 #[allow(clippy::unwrap_used, clippy::expect_used)]
 mod tests {
     use super::*;
-    use crate::model::{GpuCapacity, TaskClass};
+    use crate::model::TaskClass;
     use crate::policy::Outcome;
-    use crate::testing::{node, task};
+    use crate::testing::{gpu_capacity, node, task};
+    use starling_proto::Runtime;
 
     /// A GPU node whose GPU has 2 s of work queued, and an idle CPU-only node.
     fn busy_gpu_and_idle_cpu() -> ClusterView {
         let mut gpu = node("gpu", 4.0, 0.3);
-        gpu.gpu = Some(GpuCapacity {
-            devices: 1,
-            speed: 3.0,
-            memory_bytes: 4 << 30,
-        });
+        gpu.gpu = Some(gpu_capacity(3.0, 4 << 30));
         gpu.runtimes.push(Runtime::Opencl);
         gpu.load.backlog_gpu_s = 2.0;
         gpu.load.queued_tasks = 1;

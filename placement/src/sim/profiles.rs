@@ -11,22 +11,37 @@
 //!   storage ~40 MB/s; Wi-Fi, so its link moves (mobility).
 //! - **Jetson Nano** (4 × Cortex-A57 at 1.43 GHz, 128-core Maxwell GPU, 4 GB):
 //!   NVIDIA's two power modes, 5 W and 10 W (MAXN), ~1.25 W idle; CPU cores ~0.3 of
-//!   the reference; the GPU (~470 GFLOP/s FP16) taken as ~3 reference cores on
-//!   GPU-class work; eMMC/SD ~80 MB/s.
+//!   the reference; eMMC/SD ~80 MB/s. The GPU is one Maxwell SM of 128 cores at
+//!   921.6 MHz: 128 × 2 FLOP × 0.9216 GHz ≈ 236 GFLOP/s FP32 peak (~470 FP16).
+//!   NVIDIA ships no OpenCL driver for Jetson; it is reached through PoCL's CUDA
+//!   back end (portablecl.org/docs/html/cuda.html), which reports one compute
+//!   unit, the board's shared 4 GB and double precision (at 1/32 rate on
+//!   Maxwell). A compute-bound calibration kernel is taken to reach ~64% of the
+//!   FP32 peak, 150 GFLOP/s.
 //! - **x86 mini PC** (Intel NUC class, 4 cores, 16 GB): ~6 W idle, ~25–45 W loaded
 //!   (taken as 35 W at full speed); the reference core (speed 1.0); SATA SSD
-//!   ~500 MB/s; wired gigabit Ethernet.
+//!   ~500 MB/s; wired gigabit Ethernet. Its CPU is an OpenCL device through PoCL
+//!   (`pocl-opencl-icd`): 4 compute units, most of the memory, double precision,
+//!   and, its core being the reference core, [`REFERENCE_CORE_GFLOPS`] per core
+//!   less ~10% for PoCL's threading on the calibration kernel.
 //! - **I/O gateway** (Celeron J4125 class, 4 cores, 8 GB, NVMe): ~5 W idle, ~12 W
 //!   loaded (10 W TDP part); cores ~0.45 of the reference; NVMe ~1 500 MB/s; the
 //!   label `storage=fast`.
+//!
+//! Each profile lists its OpenCL devices with the fields an agent reports
+//! ([`GpuDevice`]); the node's [`GpuCapacity`] is derived from them by
+//! [`GpuCapacity::from_devices`], as the coordinator derives a real node's.
 //!
 //! Lower power levels follow the usual DVFS model: dynamic power (above idle)
 //! scales with frequency × voltage², about speed^2.5 across a typical DVFS range,
 //! so a level at half speed draws ~18% of the full dynamic power.
 
-use starling_proto::{Label, NodeId, Runtime};
+use starling_proto::{GpuDevice, GpuKind, Label, NodeId, Runtime};
 
-use crate::model::{EnergyState, GpuCapacity, NetworkLink, NodeLoad, NodeView, PowerLevelModel};
+use crate::model::{
+    EnergyState, GpuCapacity, NetworkLink, NodeLoad, NodeView, PowerLevelModel,
+    REFERENCE_CORE_GFLOPS,
+};
 
 /// Exponent of speed in the dynamic-power model of lower levels.
 pub const DVFS_EXPONENT: f64 = 2.5;
@@ -44,8 +59,8 @@ pub struct DeviceProfile {
     pub core_speed: f64,
     /// Memory, bytes.
     pub memory_bytes: u64,
-    /// GPU, if any.
-    pub gpu: Option<GpuCapacity>,
+    /// OpenCL devices, as an agent on the device would report them.
+    pub opencl_devices: Vec<GpuDevice>,
     /// Storage rate, MB/s.
     pub io_mbps: f64,
     /// Link bandwidth when the link is at its typical state, Mbit/s.
@@ -80,9 +95,15 @@ impl DeviceProfile {
             .collect()
     }
 
-    /// Runtimes the device offers: wasm everywhere, OpenCL where there is a GPU.
+    /// The summary of the OpenCL devices the engine works with.
+    pub fn gpu(&self) -> Option<GpuCapacity> {
+        GpuCapacity::from_devices(&self.opencl_devices, self.core_speed)
+    }
+
+    /// Runtimes the device offers: wasm everywhere, OpenCL where there is an
+    /// OpenCL device.
     pub fn runtimes(&self) -> Vec<Runtime> {
-        if self.gpu.is_some() {
+        if !self.opencl_devices.is_empty() {
             vec![Runtime::Wasm, Runtime::Opencl]
         } else {
             vec![Runtime::Wasm]
@@ -113,7 +134,7 @@ impl DeviceProfile {
             cpu_cores: self.cores,
             cpu_speed: self.core_speed,
             memory_bytes: self.memory_bytes,
-            gpu: self.gpu,
+            gpu: self.gpu(),
             io_mbps: self.io_mbps,
             network: NetworkLink {
                 bandwidth_mbps: self.bandwidth_mbps,
@@ -142,6 +163,39 @@ impl DeviceProfile {
 
 const GIB: u64 = 1 << 30;
 
+/// What an OpenCL device reports, less the names.
+struct DeviceFigures {
+    kind: GpuKind,
+    compute_units: u32,
+    max_clock_mhz: u32,
+    memory_bytes: u64,
+    max_alloc_bytes: u64,
+    local_memory_bytes: u64,
+    max_work_group_size: u32,
+    fp64: bool,
+    gflops: f32,
+}
+
+/// One OpenCL device as an agent would report it. Names longer than the wire
+/// allows are left empty rather than failing: they are labels, not data.
+fn opencl_device(platform: &str, vendor: &str, name: &str, figures: DeviceFigures) -> GpuDevice {
+    GpuDevice {
+        platform: platform.try_into().unwrap_or_default(),
+        vendor: vendor.try_into().unwrap_or_default(),
+        name: name.try_into().unwrap_or_default(),
+        kind: figures.kind,
+        compute_units: figures.compute_units,
+        memory_bytes: figures.memory_bytes,
+        max_clock_mhz: figures.max_clock_mhz,
+        version: "OpenCL 3.0 PoCL".try_into().unwrap_or_default(),
+        local_memory_bytes: figures.local_memory_bytes,
+        max_alloc_bytes: figures.max_alloc_bytes,
+        max_work_group_size: figures.max_work_group_size,
+        fp64: figures.fp64,
+        gflops: Some(figures.gflops),
+    }
+}
+
 /// Raspberry Pi 4 class: CPU only, frugal, slow storage, on Wi-Fi.
 pub fn raspberry_pi() -> DeviceProfile {
     DeviceProfile {
@@ -150,7 +204,7 @@ pub fn raspberry_pi() -> DeviceProfile {
         cores: 4.0,
         core_speed: 0.35,
         memory_bytes: 4 * GIB,
-        gpu: None,
+        opencl_devices: Vec::new(),
         io_mbps: 40.0,
         bandwidth_mbps: 60.0,
         rtt_ms: 8.0,
@@ -172,11 +226,22 @@ pub fn jetson() -> DeviceProfile {
         cores: 4.0,
         core_speed: 0.3,
         memory_bytes: 4 * GIB,
-        gpu: Some(GpuCapacity {
-            devices: 1,
-            speed: 3.0,
-            memory_bytes: 4 * GIB,
-        }),
+        opencl_devices: vec![opencl_device(
+            "Portable Computing Language",
+            "NVIDIA Corporation",
+            "NVIDIA Tegra X1",
+            DeviceFigures {
+                kind: GpuKind::Gpu,
+                compute_units: 1,
+                max_clock_mhz: 922,
+                memory_bytes: 4 * GIB,
+                max_alloc_bytes: GIB,
+                local_memory_bytes: 48 << 10,
+                max_work_group_size: 1024,
+                fp64: true,
+                gflops: 150.0,
+            },
+        )],
         io_mbps: 80.0,
         bandwidth_mbps: 300.0,
         rtt_ms: 3.0,
@@ -198,7 +263,22 @@ pub fn mini_pc() -> DeviceProfile {
         cores: 4.0,
         core_speed: 1.0,
         memory_bytes: 16 * GIB,
-        gpu: None,
+        opencl_devices: vec![opencl_device(
+            "Portable Computing Language",
+            "GenuineIntel",
+            "cpu-x86-64-Intel Core i5",
+            DeviceFigures {
+                kind: GpuKind::Cpu,
+                compute_units: 4,
+                max_clock_mhz: 3000,
+                memory_bytes: 15 * GIB,
+                max_alloc_bytes: 4 * GIB,
+                local_memory_bytes: 512 << 10,
+                max_work_group_size: 4096,
+                fp64: true,
+                gflops: (4.0 * REFERENCE_CORE_GFLOPS * 0.9) as f32,
+            },
+        )],
         io_mbps: 500.0,
         bandwidth_mbps: 940.0,
         rtt_ms: 1.0,
@@ -220,7 +300,7 @@ pub fn io_gateway() -> DeviceProfile {
         cores: 4.0,
         core_speed: 0.45,
         memory_bytes: 8 * GIB,
-        gpu: None,
+        opencl_devices: Vec::new(),
         io_mbps: 1500.0,
         bandwidth_mbps: 940.0,
         rtt_ms: 1.0,
@@ -236,4 +316,35 @@ pub fn io_gateway() -> DeviceProfile {
 /// The four standard profiles.
 pub fn standard_profiles() -> Vec<DeviceProfile> {
     vec![raspberry_pi(), jetson(), mini_pc(), io_gateway()]
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn profiles_derive_their_gpu_capacity_from_their_devices() {
+        let jetson = jetson().node(0);
+        let gpu = jetson.gpu.unwrap();
+        assert_eq!(gpu.devices, 1);
+        assert!((gpu.speed - 150.0 / REFERENCE_CORE_GFLOPS).abs() < 1e-6);
+        assert!(gpu.kinds.gpu && !gpu.kinds.cpu && gpu.fp64);
+        assert_eq!((gpu.memory_bytes, gpu.max_alloc_bytes), (4 * GIB, GIB));
+        assert_eq!(jetson.runtimes, vec![Runtime::Wasm, Runtime::Opencl]);
+
+        // The mini PC's PoCL device is its own cores: no device lane.
+        let nuc = mini_pc().node(0);
+        let pocl = nuc.gpu.unwrap();
+        assert_eq!((pocl.devices, pocl.speed), (0, 0.0));
+        assert!(pocl.kinds.cpu && !pocl.kinds.gpu);
+        assert!((pocl.cpu_device_speed - 3.6).abs() < 1e-6);
+        assert_eq!(nuc.runtimes, vec![Runtime::Wasm, Runtime::Opencl]);
+
+        for profile in [raspberry_pi(), io_gateway()] {
+            let node = profile.node(0);
+            assert!(node.gpu.is_none(), "{}", profile.name);
+            assert_eq!(node.runtimes, vec![Runtime::Wasm]);
+        }
+    }
 }

@@ -112,7 +112,7 @@ pub(crate) fn busy_cluster(count: usize, rng: &mut ChaCha8Rng) -> ClusterView {
         let mut node = profile.node(index);
         node.online = rng.random_range(0..100) != 0;
         node.load.backlog_cpu_s = rng.random_range(0.0..20.0);
-        if node.gpu.is_some() {
+        if node.gpu_devices() > 0 {
             node.load.backlog_gpu_s = rng.random_range(0.0..10.0);
         }
         node.load.queued_tasks = rng.random_range(0..12);

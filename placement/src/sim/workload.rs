@@ -4,7 +4,7 @@
 
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
-use starling_proto::{Label, Runtime};
+use starling_proto::{GpuKind, Label, Runtime};
 
 use crate::model::{Constraints, Demand, NetworkLink, NodeView, PendingTask, TaskClass};
 use crate::sim::profiles::{standard_profiles, DeviceProfile};
@@ -17,6 +17,8 @@ const MIB: u64 = 1 << 20;
 const MEAN_WORK_CPU: f64 = 1.5;
 const MEAN_WORK_GPU: f64 = 4.0;
 const MEAN_WORK_IO: f64 = 1.0;
+/// Share of the OpenCL tasks whose kernel wants a GPU-type device.
+const GPU_ONLY_KERNEL_SHARE: f64 = 0.5;
 
 /// The simulated world of one load level.
 #[derive(Debug, Clone)]
@@ -43,7 +45,8 @@ pub(crate) struct Environment {
 /// the given mix (a GPU counts for GPU-class work only).
 fn capacity(profile: &DeviceProfile, mix_gpu_share: f64) -> f64 {
     let cpu = profile.cores * profile.core_speed;
-    match profile.gpu {
+    // A CPU exposed through OpenCL adds no capacity: it is the same cores.
+    match profile.gpu().filter(|gpu| gpu.devices > 0) {
         Some(gpu) => cpu + f64::from(gpu.devices) * gpu.speed * mix_gpu_share.min(1.0) * 2.0,
         None => cpu,
     }
@@ -95,6 +98,9 @@ impl Environment {
         let end_ms = duration_ms + config.drain_s * 1000.0;
 
         let mut arrivals = stream(1);
+        // OpenCL details come from a stream of their own, so that the arrivals
+        // themselves stay what they were before tasks had them.
+        let mut kernels = stream(4);
         let mut tasks = Vec::new();
         let mut now_ms = 0.0;
         loop {
@@ -103,7 +109,14 @@ impl Environment {
                 break;
             }
             let key = tasks.len() as u64;
-            tasks.push(random_task(&mut arrivals, key, now_ms, mix, mix_total));
+            tasks.push(random_task(
+                &mut arrivals,
+                &mut kernels,
+                key,
+                now_ms,
+                mix,
+                mix_total,
+            ));
         }
 
         let mut failure_rng = stream(2);
@@ -184,9 +197,11 @@ impl Environment {
     }
 }
 
-/// One random task of the mix.
+/// One random task of the mix; `kernels` draws what only OpenCL tasks have (the
+/// device type they want, their buffers).
 fn random_task(
     rng: &mut ChaCha8Rng,
+    kernels: &mut ChaCha8Rng,
     key: u64,
     now_ms: f64,
     mix: crate::sim::TaskMix,
@@ -204,6 +219,8 @@ fn random_task(
     let mut runtime = Runtime::Wasm;
     let mut arch = None;
     let mut labels = Vec::new();
+    let mut device_kind = None;
+    let mut gpu_memory_bytes = 0;
     let (work, cpu_cores, memory_bytes, gpu, io_mbps, input_bytes) = match class {
         TaskClass::Cpu => {
             let cores = if rng.random_bool(0.3) { 2.0 } else { 1.0 };
@@ -221,6 +238,12 @@ fn random_task(
             let needs_gpu = rng.random_bool(0.6);
             if needs_gpu {
                 runtime = Runtime::Opencl;
+                // Half the kernels are written for a GPU (work-group sizes, local
+                // memory tuned for one); the rest run on any OpenCL device.
+                if kernels.random_bool(GPU_ONLY_KERNEL_SHARE) {
+                    device_kind = Some(GpuKind::Gpu);
+                }
+                gpu_memory_bytes = kernels.random_range(1..=8) * 64 * MIB;
             }
             let memory = rng.random_range(2..=4) * 256 * MIB;
             let input = rng.random_range(2 * MB..8 * MB);
@@ -254,6 +277,7 @@ fn random_task(
             memory_bytes,
             gpu,
             io_mbps,
+            gpu_memory_bytes,
         },
         work,
         input_bytes,
@@ -265,6 +289,58 @@ fn random_task(
             runtime,
             arch,
             labels,
+            device_kind,
+            fp64: false,
         },
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+mod tests {
+    use super::*;
+    use crate::estimate;
+
+    #[test]
+    fn opencl_tasks_carry_a_device_type_and_buffers_some_node_can_hold() {
+        let config = SimConfig {
+            duration_s: 60.0,
+            nodes_per_profile: 1,
+            ..SimConfig::default()
+        };
+        let env = Environment::generate(&config, 2, &LoadLevel::high());
+        let (kernels, others): (Vec<_>, Vec<_>) = env
+            .tasks
+            .iter()
+            .partition(|task| task.constraints.runtime == Runtime::Opencl);
+        assert!(kernels.len() > 40, "{} kernels", kernels.len());
+        let gpu_only = kernels
+            .iter()
+            .filter(|task| task.constraints.device_kind == Some(GpuKind::Gpu))
+            .count();
+        assert!(
+            gpu_only > kernels.len() / 4 && gpu_only < kernels.len() * 3 / 4,
+            "{gpu_only} of {} want a GPU",
+            kernels.len()
+        );
+        for task in &kernels {
+            assert!(task.demand.gpu && task.demand.gpu_memory_bytes >= 64 * MIB);
+            let hosts: Vec<_> = env
+                .nodes
+                .iter()
+                .filter(|node| estimate::check_static(node, task).is_ok())
+                .map(|node| node.id.as_str().to_owned())
+                .collect();
+            let expected = if task.constraints.device_kind.is_some() {
+                vec!["jetson-0000"]
+            } else {
+                vec!["jetson-0000", "nuc-0000"]
+            };
+            assert_eq!(hosts, expected, "{task:?}");
+        }
+        for task in others {
+            assert_eq!(task.demand.gpu_memory_bytes, 0);
+            assert_eq!(task.constraints.device_kind, None);
+        }
     }
 }
