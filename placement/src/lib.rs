@@ -14,7 +14,8 @@ pub mod sim;
 pub mod testing;
 
 pub use model::{
-    ClusterView, Constraints, Demand, NodeLoad, NodeView, PendingTask, QueueState, TaskClass,
+    ClusterView, Constraints, Demand, DeviceKinds, GpuCapacity, NodeLoad, NodeView, PendingTask,
+    QueueState, TaskClass, REFERENCE_CORE_GFLOPS,
 };
 pub use policy::{
     policy_by_name, Alternative, Decision, Explanation, Outcome, Policy, UnknownPolicy,
