@@ -24,7 +24,7 @@ use tokio::sync::mpsc;
 use crate::artifact::{ArtifactStore, OpenStoreError};
 use crate::config::{AgentConfig, BrokerAddress, ConfigError};
 use crate::journal::{AttemptJournal, JournalError};
-use crate::probe::{probe, ProbeError};
+use crate::probe::{add_opencl, probe, probe_opencl, ProbeError};
 use crate::runner::Runner;
 use crate::session::{Action, Outgoing, Session};
 use crate::telemetry::TelemetrySampler;
@@ -154,9 +154,13 @@ pub async fn run(
     let topics = Topics::new(&config.topic_prefix).map_err(ConfigError::from)?;
 
     let probe_config = config.clone();
-    let capability = tokio::task::spawn_blocking(move || probe(&probe_config))
+    let mut capability = tokio::task::spawn_blocking(move || probe(&probe_config))
         .await
         .map_err(|e| AgentError::Internal(format!("the probe thread failed: {e}")))??;
+    let opencl = probe_opencl(&config).await;
+    if let Some(opencl) = &opencl {
+        add_opencl(&mut capability, opencl);
+    }
     let artifacts = ArtifactStore::open(&config.data_dir, config.max_artifact_bytes)?;
     let executor = Arc::new(WasmExecutor::new()?);
 
@@ -209,6 +213,7 @@ pub async fn run(
     let runner = Arc::new(Runner::new(
         node_id.clone(),
         executor,
+        opencl.map(|node| node.worker),
         artifacts,
         config.max_tasks,
         top_level,

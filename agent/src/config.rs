@@ -42,6 +42,11 @@ pub struct AgentConfig {
     pub keep_alive: Duration,
     /// Largest module the agent downloads, in bytes.
     pub max_artifact_bytes: u64,
+    /// Whether to look for OpenCL devices and run OpenCL tasks.
+    pub opencl: bool,
+    /// The `starling-opencl-worker` binary; found beside the agent's own
+    /// executable when not set.
+    pub opencl_worker: Option<PathBuf>,
 }
 
 impl Default for AgentConfig {
@@ -60,6 +65,8 @@ impl Default for AgentConfig {
             declared_io_mbps: None,
             keep_alive: Duration::from_secs(5),
             max_artifact_bytes: 64 * 1024 * 1024,
+            opencl: true,
+            opencl_worker: None,
         }
     }
 }
@@ -157,6 +164,10 @@ pub struct ConfigLayer {
     pub keep_alive: Option<Duration>,
     /// See [`AgentConfig::max_artifact_bytes`].
     pub max_artifact_bytes: Option<u64>,
+    /// See [`AgentConfig::opencl`].
+    pub opencl: Option<bool>,
+    /// See [`AgentConfig::opencl_worker`].
+    pub opencl_worker: Option<PathBuf>,
 }
 
 /// The TOML file's shape. Every key is optional; unknown keys are refused so a
@@ -176,6 +187,8 @@ struct FileConfig {
     disk_write_mbps: Option<f32>,
     keep_alive: Option<String>,
     max_artifact_bytes: Option<u64>,
+    opencl: Option<bool>,
+    opencl_worker: Option<PathBuf>,
 }
 
 impl ConfigLayer {
@@ -244,6 +257,8 @@ impl ConfigLayer {
             declared_io_mbps,
             keep_alive: file.keep_alive.as_deref().map(parse_duration).transpose()?,
             max_artifact_bytes: file.max_artifact_bytes,
+            opencl: file.opencl,
+            opencl_worker: file.opencl_worker,
         })
     }
 }
@@ -272,6 +287,8 @@ impl AgentConfig {
             keep_alive: first(layers, |l| &l.keep_alive).unwrap_or(defaults.keep_alive),
             max_artifact_bytes: first(layers, |l| &l.max_artifact_bytes)
                 .unwrap_or(defaults.max_artifact_bytes),
+            opencl: first(layers, |l| &l.opencl).unwrap_or(defaults.opencl),
+            opencl_worker: first(layers, |l| &l.opencl_worker).or(defaults.opencl_worker),
         };
         config.validate()?;
         Ok(config)

@@ -27,13 +27,14 @@ Config file (TOML; every key optional):
   max-tasks = 4
   disk-read-mbps = 90.0
   disk-write-mbps = 40.0
+  opencl = true                  # look for OpenCL devices (through starling-opencl-worker)
   [labels]
   zone = \"kitchen\"
 
 Logs go to stderr; set RUST_LOG (for example RUST_LOG=debug) for more.";
 
 /// Starling's edge agent: reports this device to a coordinator over MQTT and
-/// runs the wasm tasks it is assigned, verified by digest and under limits.
+/// runs the wasm and OpenCL tasks it is assigned, verified by digest and under limits.
 #[derive(Debug, Parser)]
 #[command(name = "starling-agent", version, after_help = AFTER_HELP)]
 struct Cli {
@@ -85,6 +86,12 @@ struct Settings {
     /// Declared sequential write rate of the data directory's disk, in MB/s.
     #[arg(long, env = "STARLING_DISK_WRITE_MBPS", value_name = "MB/S")]
     disk_write_mbps: Option<f32>,
+    /// Look for OpenCL devices and run OpenCL tasks [default: true].
+    #[arg(long, env = "STARLING_OPENCL", value_name = "BOOL")]
+    opencl: Option<bool>,
+    /// The starling-opencl-worker binary [default: the one beside starling-agent].
+    #[arg(long, env = "STARLING_OPENCL_WORKER", value_name = "FILE")]
+    opencl_worker: Option<PathBuf>,
 }
 
 impl Settings {
@@ -116,6 +123,8 @@ impl Settings {
                 (None, None) => None,
                 (read, write) => Some((read.unwrap_or(0.0), write.unwrap_or(0.0))),
             },
+            opencl: self.opencl,
+            opencl_worker: self.opencl_worker.clone(),
             ..ConfigLayer::default()
         };
         let mut layers = vec![flags];
@@ -149,7 +158,14 @@ fn execute(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Command::Probe(settings) => {
             let config = settings.resolve()?;
-            let capability = starling_agent::probe(&config)?;
+            let mut capability = starling_agent::probe(&config)?;
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .context("cannot start the async runtime")?;
+            if let Some(opencl) = runtime.block_on(starling_agent::probe::probe_opencl(&config)) {
+                starling_agent::probe::add_opencl(&mut capability, &opencl);
+            }
             println!("{}", serde_json::to_string_pretty(&capability)?);
             Ok(())
         }
@@ -171,10 +187,10 @@ fn execute(cli: Cli) -> anyhow::Result<()> {
 
 /// Resolves on Ctrl-C or SIGTERM (systemd's stop).
 ///
-/// The SIGTERM handler is installed here, before the probe initialises the
-/// OpenCL platform: PoCL (through LLVM) installs handlers of its own that end
-/// the process on SIGTERM, and only handlers present before it are restored
-/// and honoured. The returned future must be created at start for that reason.
+/// OpenCL now runs only in the worker process, but the handler is still
+/// installed first thing: PoCL (through LLVM) installs handlers of its own that
+/// end the process on SIGTERM, and the agent must stop cleanly whatever a
+/// future in-process library does.
 fn shutdown_signal() -> anyhow::Result<impl std::future::Future<Output = ()> + Send> {
     #[cfg(unix)]
     {

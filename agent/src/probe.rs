@@ -1,20 +1,23 @@
 //! The device probe: what this node is (CPU, memory, disks, network
 //! interfaces, OpenCL devices, power levels), as a [`Capability`].
 //!
-//! Everything is read from the OS through sysinfo and `/sys`; OpenCL devices
-//! come from opencl3 with the ICD loader opened at run time, so a node without
-//! `libOpenCL` simply reports no GPUs.
+//! Everything is read from the OS through sysinfo and `/sys`. OpenCL devices
+//! come from the `starling-opencl-worker` child process ([`probe_opencl`]), so
+//! a broken driver or a node without `libOpenCL` costs a log line, never the
+//! agent.
 
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
-use std::time::Instant;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use heapless::Vec as BoundedVec;
+use starling_opencl::probe::DeviceInfo;
+use starling_opencl::worker::WorkerClient;
 use starling_proto::limits::{MAX_DISKS, MAX_GPUS, MAX_INTERFACES};
 use starling_proto::task::truncate;
 use starling_proto::{
-    Capability, CpuInfo, DiskInfo, GpuDevice, GpuKind, NetInterface, PowerLevel, RateSource,
-    Runtime, PROTOCOL_VERSION,
+    Capability, CpuInfo, DiskInfo, NetInterface, PowerLevel, RateSource, Runtime, PROTOCOL_VERSION,
 };
 
 use crate::config::{AgentConfig, ConfigError};
@@ -73,12 +76,9 @@ pub fn probe(config: &AgentConfig) -> Result<Capability, ProbeError> {
         None
     };
     let disks = disks(&config.data_dir, data_dir_rate);
-    let gpus = opencl_devices();
 
-    // Only runtimes this agent can execute are advertised: OpenCL devices are
-    // reported (placement reads them as GPU capacity), but the OpenCL executor
-    // has not landed, so advertising `opencl` would attract tasks that can only
-    // fail with `unsupported_runtime`.
+    // OpenCL devices and the `opencl` runtime are added by `add_opencl` once
+    // the worker process has probed them: this function never touches OpenCL.
     let mut runtimes = BoundedVec::new();
     let _ = runtimes.push(Runtime::Wasm);
     let mut labels = BoundedVec::new();
@@ -95,7 +95,7 @@ pub fn probe(config: &AgentConfig) -> Result<Capability, ProbeError> {
         power_levels: power_levels(&cpu),
         cpu,
         memory_bytes,
-        gpus,
+        gpus: BoundedVec::new(),
         disks,
         interfaces: interfaces(),
         labels,
@@ -300,65 +300,72 @@ fn interfaces() -> BoundedVec<NetInterface, MAX_INTERFACES> {
     out
 }
 
-/// OpenCL devices of every platform; empty when there is no OpenCL loader,
-/// no platform, or the platform misbehaves.
-///
-/// The devices are enumerated once per process and remembered: PoCL crashes
-/// when two threads initialise it at once (seen with two agents in one test
-/// process), and the devices do not change while the agent runs.
-pub fn opencl_devices() -> BoundedVec<GpuDevice, MAX_GPUS> {
-    static DEVICES: std::sync::OnceLock<BoundedVec<GpuDevice, MAX_GPUS>> =
-        std::sync::OnceLock::new();
-    DEVICES
-        .get_or_init(|| {
-            // A broken ICD can panic inside the bindings; a probe must never
-            // take the agent down, so a panic there counts as "no devices".
-            std::panic::catch_unwind(opencl_devices_unguarded).unwrap_or_default()
-        })
-        .clone()
+/// How long the OpenCL worker may take to list and calibrate the devices.
+/// Calibration runs once per device and driver (later starts read its cache),
+/// and takes well under a second per device; a driver that hangs longer is
+/// treated as no OpenCL at all.
+pub const OPENCL_PROBE_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// The node's OpenCL side: the worker that runs kernels and the devices it found.
+#[derive(Debug, Clone)]
+pub struct OpenclNode {
+    /// The worker process launcher.
+    pub worker: Arc<WorkerClient>,
+    /// The devices, calibrated.
+    pub devices: Vec<DeviceInfo>,
 }
 
-fn opencl_devices_unguarded() -> BoundedVec<GpuDevice, MAX_GPUS> {
-    use opencl3::device::{
-        Device, CL_DEVICE_TYPE_ACCELERATOR, CL_DEVICE_TYPE_ALL, CL_DEVICE_TYPE_CPU,
-        CL_DEVICE_TYPE_GPU,
+/// Finds the OpenCL devices through the worker process, calibrating each one
+/// (cached in the data directory). `None`, with a log line saying why, when
+/// OpenCL is turned off, the worker is missing or fails, or there is no
+/// device: the agent then serves wasm tasks only. Never fails the agent.
+pub async fn probe_opencl(config: &AgentConfig) -> Option<OpenclNode> {
+    if !config.opencl {
+        tracing::info!("OpenCL turned off in the configuration; serving wasm tasks only");
+        return None;
+    }
+    let Some(program) = WorkerClient::locate(config.opencl_worker.as_deref()) else {
+        tracing::warn!(
+            "no {} beside the agent and none configured (--opencl-worker); serving wasm tasks only",
+            starling_opencl::worker::WORKER_BIN
+        );
+        return None;
     };
-    let mut out = BoundedVec::new();
-    let Ok(platforms) = opencl3::platform::get_platforms() else {
-        return out;
-    };
-    for platform in platforms {
-        let platform_name = platform.name().unwrap_or_default();
-        let Ok(device_ids) = platform.get_devices(CL_DEVICE_TYPE_ALL) else {
-            continue;
-        };
-        for id in device_ids {
-            let device = Device::new(id);
-            let device_type = device.dev_type().unwrap_or(0);
-            let kind = if device_type & CL_DEVICE_TYPE_GPU != 0 {
-                GpuKind::Gpu
-            } else if device_type & CL_DEVICE_TYPE_CPU != 0 {
-                GpuKind::Cpu
-            } else if device_type & CL_DEVICE_TYPE_ACCELERATOR != 0 {
-                GpuKind::Accelerator
-            } else {
-                GpuKind::Other
-            };
-            let gpu = GpuDevice {
-                platform: truncate(platform_name.trim()),
-                vendor: truncate(device.vendor().unwrap_or_default().trim()),
-                name: truncate(device.name().unwrap_or_default().trim()),
-                kind,
-                compute_units: device.max_compute_units().unwrap_or(0),
-                memory_bytes: device.global_mem_size().unwrap_or(0),
-                max_clock_mhz: device.max_clock_frequency().unwrap_or(0),
-            };
-            if out.push(gpu).is_err() {
-                return out;
+    let worker = WorkerClient::new(program.clone(), config.data_dir.join("opencl"));
+    match worker.probe(true, OPENCL_PROBE_TIMEOUT).await {
+        Ok(devices) if devices.is_empty() => {
+            tracing::info!("no OpenCL device found; serving wasm tasks only");
+            None
+        }
+        Ok(devices) => {
+            for device in &devices {
+                tracing::info!(name = %device.name, kind = ?device.kind,
+                    compute_units = device.compute_units, gflops = ?device.gflops,
+                    "OpenCL device");
             }
+            Some(OpenclNode {
+                worker: Arc::new(worker),
+                devices,
+            })
+        }
+        Err(error) => {
+            tracing::warn!(worker = %program.display(), %error,
+                "the OpenCL probe failed; serving wasm tasks only");
+            None
         }
     }
-    out
+}
+
+/// Adds the OpenCL devices and runtime to a capability.
+pub fn add_opencl(capability: &mut Capability, opencl: &OpenclNode) {
+    for device in &opencl.devices {
+        if capability.gpus.push(device.to_proto()).is_err() {
+            tracing::warn!("more than {MAX_GPUS} OpenCL devices; reporting the first {MAX_GPUS}");
+            break;
+        }
+    }
+    // Bounded by MAX_RUNTIMES (4) with only wasm in it so far.
+    let _ = capability.runtimes.push(Runtime::Opencl);
 }
 
 #[cfg(test)]
@@ -402,21 +409,49 @@ mod tests {
         assert_eq!(back, capability);
     }
 
-    #[test]
-    fn opencl_probe_returns_whatever_is_present() {
-        // PoCL is installed on the development machine; elsewhere the list may
-        // be empty. Either way the call returns, and every device is described.
-        let devices = opencl_devices();
-        for device in &devices {
-            assert!(!device.name.is_empty());
-            assert!(device.compute_units > 0);
-        }
-        if Path::new("/etc/OpenCL/vendors/pocl.icd").exists() {
-            assert!(
-                devices.iter().any(|d| d.kind == GpuKind::Cpu),
-                "{devices:?}"
-            );
-        }
+    #[tokio::test]
+    async fn opencl_is_probed_through_the_worker_or_not_at_all() {
+        let dir = tempfile::tempdir().unwrap();
+        let off = AgentConfig {
+            data_dir: dir.path().to_owned(),
+            opencl: false,
+            ..AgentConfig::default()
+        };
+        assert!(probe_opencl(&off).await.is_none());
+        let missing = AgentConfig {
+            data_dir: dir.path().to_owned(),
+            opencl_worker: Some(dir.path().join("no-such-worker")),
+            ..AgentConfig::default()
+        };
+        assert!(probe_opencl(&missing).await.is_none());
+
+        // PoCL is installed wherever the tests run (scripts/setup installs it);
+        // the worker is built with the workspace's binaries.
+        let worker = starling_tests::binary(starling_opencl::worker::WORKER_BIN);
+        let config = AgentConfig {
+            data_dir: dir.path().to_owned(),
+            opencl_worker: Some(worker),
+            ..AgentConfig::default()
+        };
+        let node = probe_opencl(&config).await.expect("PoCL's CPU device");
+        assert!(node
+            .devices
+            .iter()
+            .any(|d| d.kind == starling_proto::GpuKind::Cpu));
+        let mut capability = probe(&AgentConfig {
+            node_id: Some("opencl-test".into()),
+            ..config
+        })
+        .unwrap();
+        assert!(capability.gpus.is_empty());
+        add_opencl(&mut capability, &node);
+        assert_eq!(
+            capability.runtimes.as_slice(),
+            [Runtime::Wasm, Runtime::Opencl]
+        );
+        let device = &capability.gpus[0];
+        assert!(device.compute_units > 0 && device.memory_bytes > 0);
+        assert!(device.gflops.is_some_and(|g| g > 0.0), "{device:?}");
     }
 
     #[test]

@@ -8,13 +8,17 @@ use std::sync::atomic::{AtomicBool, AtomicU8, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
+use starling_opencl::exec::{RunError, RunRequest as KernelRun};
+use starling_opencl::worker::WorkerClient;
+use starling_opencl::Package;
 use starling_proto::limits::MAX_INLINE_OUTPUT_BYTES;
 use starling_proto::{
-    Assignment, Digest, ExecLimits, ExecMetrics, FailureReason, NodeId, TaskEvent, TaskState,
+    Assignment, Digest, ExecLimits, ExecMetrics, FailureReason, NodeId, Runtime, TaskEvent,
+    TaskState,
 };
 use tokio::sync::{mpsc, Semaphore};
 
-use crate::artifact::ArtifactStore;
+use crate::artifact::{ArtifactStore, FetchedModule};
 use crate::telemetry::TaskCounts;
 use crate::wasm::{CompiledModule, ExecError, RunRequest, WasmExecutor};
 
@@ -71,6 +75,7 @@ impl Drop for CountGuard<'_> {
 pub struct Runner {
     node_id: NodeId,
     executor: Arc<WasmExecutor>,
+    opencl: Option<Arc<WorkerClient>>,
     artifacts: ArtifactStore,
     slots: Semaphore,
     counters: Arc<Counters>,
@@ -88,10 +93,12 @@ impl std::fmt::Debug for Runner {
 }
 
 impl Runner {
-    /// A runner allowing `max_tasks` concurrent executions, reporting on `events`.
+    /// A runner allowing `max_tasks` concurrent executions, reporting on
+    /// `events`; OpenCL tasks go to `opencl`'s worker when the node has devices.
     pub fn new(
         node_id: NodeId,
         executor: Arc<WasmExecutor>,
+        opencl: Option<Arc<WorkerClient>>,
         artifacts: ArtifactStore,
         max_tasks: usize,
         initial_power_level: u8,
@@ -100,6 +107,7 @@ impl Runner {
         Self {
             node_id,
             executor,
+            opencl,
             artifacts,
             slots: Semaphore::new(max_tasks.max(1)),
             counters: Arc::new(Counters::default()),
@@ -209,6 +217,9 @@ impl Runner {
                 )
             }
         };
+        if assignment.runtime == Runtime::Opencl {
+            return self.execute_opencl(assignment, cancel, fetched).await;
+        }
         let module = match self
             .compiled_module(&assignment.artifact, fetched.bytes)
             .await
@@ -314,6 +325,87 @@ impl Runner {
                 FailureReason::Internal,
                 &format!("the execution thread failed: {join_error}"),
                 None,
+            ),
+        }
+    }
+
+    /// Runs an OpenCL task in a fresh worker process, killed at the wall-time
+    /// limit or on cancel, so that a runaway kernel or a crashing driver costs
+    /// one attempt and never the agent.
+    async fn execute_opencl(
+        &self,
+        assignment: &Assignment,
+        cancel: &Arc<AtomicBool>,
+        fetched: FetchedModule,
+    ) -> TaskEvent {
+        let Some(worker) = self.opencl.as_ref() else {
+            return self.failed_event(
+                assignment,
+                FailureReason::UnsupportedRuntime,
+                "this node has no OpenCL device (or its OpenCL worker is missing); it does not advertise the opencl runtime",
+                None,
+            );
+        };
+        let package = match Package::from_bytes(&fetched.bytes) {
+            Ok(package) => package,
+            Err(error) => {
+                return self.failed_event(
+                    assignment,
+                    FailureReason::InvalidModule,
+                    &error.to_string(),
+                    None,
+                )
+            }
+        };
+        if cancel.load(Ordering::SeqCst) {
+            return self.state_event(assignment, TaskState::Cancelled);
+        }
+        self.power_level
+            .store(assignment.power_level, Ordering::SeqCst);
+        self.send(self.state_event(assignment, TaskState::Running));
+        self.counters.executions.fetch_add(1, Ordering::SeqCst);
+        let request = KernelRun {
+            source: package.source,
+            spec: package.spec,
+            args: assignment.args.iter().map(|a| a.to_string()).collect(),
+            input: assignment.input.clone(),
+            memory_limit_bytes: assignment.limits.memory_bytes,
+            output_limit_bytes: assignment
+                .limits
+                .output_bytes
+                .min(MAX_INLINE_OUTPUT_BYTES as u64),
+        };
+        let started = Instant::now();
+        let result = worker
+            .run(
+                &request,
+                Duration::from_millis(assignment.limits.wall_ms),
+                Arc::clone(cancel),
+            )
+            .await;
+        let wall_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
+        match result {
+            Ok(outcome) => {
+                let mut event = self.state_event(assignment, TaskState::Succeeded);
+                event.output = outcome.output;
+                event.metrics = Some(ExecMetrics {
+                    wall_ms,
+                    compile_ms: outcome.build_ms,
+                    peak_memory_bytes: 0,
+                    cache_hit: fetched.cache_hit && outcome.binary_cache_hit,
+                });
+                event
+            }
+            Err(RunError::Cancelled) => self.state_event(assignment, TaskState::Cancelled),
+            Err(error) => self.failed_event(
+                assignment,
+                error.failure_reason(),
+                &error.to_string(),
+                Some(ExecMetrics {
+                    wall_ms,
+                    cache_hit: fetched.cache_hit,
+                    ..ExecMetrics::default()
+                }),
             ),
         }
     }

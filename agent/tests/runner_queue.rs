@@ -61,6 +61,7 @@ async fn one_slot_runs_one_task_and_queues_the_next() {
     let runner = Arc::new(Runner::new(
         NodeId::new("queue-node").unwrap(),
         Arc::new(WasmExecutor::new().unwrap()),
+        None,
         ArtifactStore::open(dir.path(), 1 << 20).unwrap(),
         1,
         0,
@@ -157,6 +158,7 @@ async fn bytes_that_are_not_wasm_fail_as_invalid_module() {
     let runner = Arc::new(Runner::new(
         NodeId::new("n").unwrap(),
         Arc::new(WasmExecutor::new().unwrap()),
+        None,
         ArtifactStore::open(dir.path(), 1 << 20).unwrap(),
         1,
         0,
@@ -198,6 +200,7 @@ async fn a_module_asleep_in_a_host_call_still_times_out() {
     let runner = Arc::new(Runner::new(
         NodeId::new("n").unwrap(),
         Arc::new(WasmExecutor::new().unwrap()),
+        None,
         ArtifactStore::open(dir.path(), 1 << 20).unwrap(),
         1,
         0,

@@ -16,7 +16,8 @@ use base64::Engine as _;
 use rumqttc::QoS;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest as _, Sha256};
-use starling_proto::limits::{ARG_LEN, MAX_ARGS, MAX_INLINE_INPUT_BYTES};
+use starling_opencl::Package;
+use starling_proto::limits::{ARG_LEN, MAX_ARGS, MAX_INLINE_INPUT_BYTES, MAX_INLINE_OUTPUT_BYTES};
 use starling_proto::{encode, Cancel, Channel, Digest, NodeId, Runtime, TaskId, PROTOCOL_VERSION};
 use utoipa::{IntoParams, OpenApi, ToSchema};
 
@@ -154,6 +155,8 @@ pub struct ArtifactStored {
     pub digest: String,
     /// Its size in bytes.
     pub size: u64,
+    /// The runtime that runs it: `wasm` or `opencl`.
+    pub runtime: String,
     /// Whether these bytes were new to the coordinator.
     pub created: bool,
 }
@@ -163,13 +166,15 @@ pub struct ArtifactStored {
 pub struct SubmitTask {
     /// The module's digest (64 hex digits), as `POST /artifacts` returned it.
     pub artifact: String,
-    /// Input for the task's stdin, base64 (give this or `input_text`, not both).
+    /// Input, base64 (give this or `input_text`, not both): the task's stdin for
+    /// wasm tasks; the kernel's input buffers, concatenated, for OpenCL tasks.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub input_base64: Option<String>,
     /// Input for the task's stdin, as text.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub input_text: Option<String>,
-    /// Arguments (argv after the program name).
+    /// Arguments: argv after the program name for wasm tasks; the kernel's
+    /// scalars as `name=value` for OpenCL tasks.
     #[serde(default)]
     pub args: Vec<String>,
     /// Deadline in milliseconds from now.
@@ -560,15 +565,43 @@ pub fn validate_wasm(bytes: &[u8]) -> Result<(), String> {
         .map_err(|error| format!("the WebAssembly module is invalid: {error}"))
 }
 
-/// Stores a WebAssembly module under its sha256. Uploading the same bytes again is fine.
+/// Decides what an upload is (a WebAssembly module or an OpenCL package) and
+/// checks it, so that nothing a node could not run is ever stored.
+pub fn validate_artifact(bytes: &[u8]) -> Result<Runtime, ApiError> {
+    if bytes.starts_with(b"\0asm") {
+        validate_wasm(bytes).map_err(|message| bad_request("invalid_artifact", message))?;
+        Ok(Runtime::Wasm)
+    } else if Package::looks_like(bytes) {
+        Package::from_bytes(bytes).map_err(|error| {
+            bad_request(
+                "invalid_kernel",
+                format!("{error}; see tasks/README.md for the [opencl] section of task.toml"),
+            )
+        })?;
+        Ok(Runtime::Opencl)
+    } else {
+        Err(bad_request(
+            "invalid_artifact",
+            "the body is neither a WebAssembly module (it does not start with \\0asm) nor an OpenCL package (JSON); upload a .wasm file, or a .cl kernel with `starling publish`",
+        ))
+    }
+}
+
+/// Stores a WebAssembly module or an OpenCL package (kernel source and spec,
+/// as `starling publish KERNEL.cl` builds it) under its sha256, after checking
+/// it: a module must validate, a package's spec must match its kernel.
+/// Uploading the same bytes again is fine.
 #[utoipa::path(
     post,
     path = "/api/v1/artifacts",
     security((), ("bearer" = [])),
-    request_body(content = Vec<u8>, content_type = "application/wasm", description = "The module's bytes"),
+    request_body(content(
+        (Vec<u8> = "application/wasm"),
+        (Vec<u8> = "application/vnd.starling.opencl+json")
+    ), description = "The module's bytes, or the OpenCL package"),
     responses(
         (status = 201, description = "Stored (or already stored)", body = ArtifactStored),
-        (status = 400, description = "Not a valid WebAssembly module", body = ApiError),
+        (status = 400, description = "Not a valid WebAssembly module or OpenCL package", body = ApiError),
         (status = 401, description = "Missing or wrong API token", body = ApiError),
         (status = 413, description = "Larger than the coordinator accepts", body = ApiError)
     )
@@ -598,18 +631,18 @@ async fn upload_artifact(
             "the body is empty; send the .wasm file's bytes",
         ));
     }
-    validate_wasm(&bytes)
-        .map_err(|message| ApiError::new(StatusCode::BAD_REQUEST, "invalid_artifact", message))?;
+    let runtime = validate_artifact(&bytes)?;
     let digest = Digest(Sha256::digest(&bytes).into());
     let created = shared
         .store
-        .put_artifact(&digest, &bytes, unix_now_ms())
+        .put_artifact(&digest, &bytes, runtime, unix_now_ms())
         .await?;
     Ok((
         StatusCode::CREATED,
         Json(ArtifactStored {
             digest: digest.to_hex(),
             size: bytes.len() as u64,
+            runtime: runtime.as_str().to_string(),
             created,
         }),
     ))
@@ -642,7 +675,14 @@ async fn get_artifact(
 ) -> Result<Response, ApiError> {
     let digest = parse_digest(&digest)?;
     match shared.store.artifact(&digest).await? {
-        Some(bytes) => Ok(([(header::CONTENT_TYPE, "application/wasm")], bytes).into_response()),
+        Some(bytes) => {
+            let media_type = if bytes.starts_with(b"\0asm") {
+                "application/wasm"
+            } else {
+                starling_opencl::package::MEDIA_TYPE
+            };
+            Ok(([(header::CONTENT_TYPE, media_type)], bytes).into_response())
+        }
         None => Err(ApiError::new(
             StatusCode::NOT_FOUND,
             "artifact_not_found",
@@ -728,6 +768,67 @@ fn check_submission(submission: &SubmitTask) -> Result<(Vec<u8>, f64), ApiError>
     Ok((input, work_seconds))
 }
 
+/// What the coordinator keeps from binding a kernel to a submission.
+struct KernelLaunch {
+    device_bytes: u64,
+    device: starling_opencl::DeviceType,
+    fp64: bool,
+}
+
+/// Binds an OpenCL task's arguments and input to its package's spec, so that a
+/// submission the kernel cannot take is refused now rather than failing on a node.
+fn check_kernel_submission(
+    package: &[u8],
+    submission: &SubmitTask,
+    input_len: usize,
+) -> Result<KernelLaunch, ApiError> {
+    // The package was validated on upload; failing here means the stored bytes
+    // changed under us.
+    let package = Package::from_bytes(package).map_err(ApiError::internal)?;
+    let launch = package
+        .spec
+        .bind(&submission.args, input_len as u64)
+        .map_err(|error| {
+            let code = match error {
+                starling_opencl::SpecError::InputSize { .. } => "invalid_input",
+                _ => "invalid_args",
+            };
+            bad_request(code, error.to_string())
+        })?;
+    let output_limit = submission
+        .limits
+        .output_bytes
+        .min(MAX_INLINE_OUTPUT_BYTES as u64);
+    if launch.output_bytes > output_limit {
+        return Err(bad_request(
+            "invalid_limits",
+            format!(
+                "the kernel's output buffers take {} bytes, over the task's output limit of {output_limit} bytes (tasks return at most {MAX_INLINE_OUTPUT_BYTES} bytes inline); raise limits.output_bytes (--max-output) or shrink the output",
+                launch.output_bytes
+            ),
+        ));
+    }
+    if launch.device_bytes > submission.limits.memory_bytes {
+        return Err(bad_request(
+            "invalid_limits",
+            format!(
+                "the kernel's buffers take {} bytes of device memory, over the task's memory limit of {} bytes; raise limits.memory_bytes (--memory)",
+                launch.device_bytes, submission.limits.memory_bytes
+            ),
+        ));
+    }
+    let fp64 = package
+        .spec
+        .args
+        .iter()
+        .any(|arg| arg.ty == starling_opencl::ScalarType::Double);
+    Ok(KernelLaunch {
+        device_bytes: launch.device_bytes,
+        device: package.spec.device,
+        fp64,
+    })
+}
+
 /// Submits a task: the module must be uploaded first.
 #[utoipa::path(
     post,
@@ -758,23 +859,42 @@ async fn submit_task(
         )
     })?;
     let artifact = parse_digest(&submission.artifact)?;
-    if shared.store.artifact_size(&artifact).await?.is_none() {
+    let Some((_, runtime)) = shared.store.artifact_info(&artifact).await? else {
         return Err(ApiError::new(
             StatusCode::NOT_FOUND,
             "artifact_not_found",
             format!("no artifact {artifact}; upload the module first with POST /api/v1/artifacts (starling publish FILE.wasm)"),
         ));
-    }
+    };
     let (input, work_seconds) = check_submission(&submission)?;
+    let mut class = submission.class;
+    let mut demand = submission.demand;
+    if runtime == Runtime::Opencl {
+        let bytes = shared.store.artifact(&artifact).await?.ok_or_else(|| {
+            ApiError::new(
+                StatusCode::NOT_FOUND,
+                "artifact_not_found",
+                format!("artifact {artifact} disappeared while submitting; upload it again"),
+            )
+        })?;
+        let launch = check_kernel_submission(&bytes, &submission, input.len())?;
+        // An OpenCL task always runs on a device, whatever class was declared,
+        // and needs one of the wanted type with room for its buffers.
+        class = TaskKind::Gpu;
+        demand.gpu = true;
+        demand.gpu_memory_bytes = launch.device_bytes;
+        demand.device = launch.device;
+        demand.fp64 = launch.fp64;
+    }
     let now_ms = unix_now_ms();
     let task = NewTask {
         id: uuid::Uuid::now_v7().to_string(),
         artifact,
-        runtime: Runtime::Wasm,
+        runtime,
         input,
         args: submission.args,
-        class: submission.class,
-        demand: submission.demand,
+        class,
+        demand,
         limits: submission.limits,
         work_seconds,
         priority: submission.priority,

@@ -38,12 +38,16 @@ Examples:
   starling run primes.wasm --arg 100000 --wait    upload, submit, wait, print the output
   echo hello | starling run echo.wasm --input - --wait
   starling run 9f86d0…0a08 --deadline 5s          submit an already published module by digest
+  starling run tasks/saxpy/saxpy.cl --arg n=4 --input xy.f32 --wait
+                                                  an OpenCL kernel: scalars as NAME=VALUE,
+                                                  input = its input buffers, little-endian
   starling tasks --state failed                   recent failed tasks
   starling task 0190c3e4-…                        one task: state, node, output, why it went there
   starling cancel 0190c3e4-…
 
 A task.toml beside the module (or tasks/NAME/task.toml above it) sets the task's
-class, demand, work estimate and default deadline.
+class, demand, work estimate and default deadline; for a .cl kernel its [opencl]
+section names the kernel, its arguments and work sizes.
 
 Exit status: 0 ok, 1 task failed or cancelled, 2 usage or request refused,
 3 coordinator unreachable.";
@@ -53,7 +57,7 @@ Exit status: 0 ok, 1 task failed or cancelled, 2 usage or request refused,
 #[command(
     name = "starling",
     version,
-    about = "Run WebAssembly tasks on a Starling edge fleet",
+    about = "Run WebAssembly and OpenCL tasks on a Starling edge fleet",
     after_help = EXAMPLES
 )]
 pub struct Cli {
@@ -95,10 +99,17 @@ pub enum Command {
         /// The node's id.
         id: String,
     },
-    /// Upload a WebAssembly module; prints its digest.
+    /// Upload a WebAssembly module, or an OpenCL kernel with its manifest; prints its digest.
+    ///
+    /// A `.cl` file is packed with the `[opencl]` section of its manifest
+    /// (`task.toml` beside it, or `--manifest`), checked here as the
+    /// coordinator will check it, and uploaded as one artifact.
     Publish {
-        /// The .wasm file.
+        /// The .wasm module or .cl kernel.
         file: PathBuf,
+        /// Manifest for a .cl kernel, instead of looking beside it.
+        #[arg(long, value_name = "FILE")]
+        manifest: Option<PathBuf>,
     },
     /// Submit a task (uploading the module first when given a file).
     Run(RunArgs),
@@ -126,12 +137,13 @@ pub enum Command {
 /// Arguments of `starling run`.
 #[derive(Debug, clap::Args)]
 pub struct RunArgs {
-    /// A .wasm file, or the digest of a published module.
+    /// A .wasm module, a .cl kernel (with its task.toml), or the digest of a published one.
     pub target: String,
-    /// File whose bytes go to the task's stdin (`-` reads this command's stdin).
+    /// File whose bytes go to the task's stdin, or for a kernel its input
+    /// buffers concatenated (`-` reads this command's stdin).
     #[arg(long, value_name = "FILE|-")]
     pub input: Option<String>,
-    /// An argument for the task (repeat for more).
+    /// An argument for the task (repeat for more); a kernel's scalars as NAME=VALUE.
     #[arg(long = "arg", value_name = "ARG", allow_hyphen_values = true)]
     pub args: Vec<String>,
     /// Deadline from now (e.g. 500ms, 10s, 2m) [default: the manifest's, else none].
@@ -225,8 +237,8 @@ async fn dispatch(cli: &Cli, client: &Client) -> Result<i32, CliError> {
             print_json(&node)?;
             Ok(EXIT_OK)
         }
-        Command::Publish { file } => {
-            let stored = publish(client, file).await?;
+        Command::Publish { file, manifest } => {
+            let stored = publish(client, file, manifest.as_deref()).await?;
             if cli.json {
                 print_json(&stored)?;
             } else {
@@ -271,10 +283,40 @@ async fn dispatch(cli: &Cli, client: &Client) -> Result<i32, CliError> {
     }
 }
 
-async fn publish(client: &Client, file: &Path) -> Result<crate::api::ArtifactStored, CliError> {
-    let bytes = std::fs::read(file)
-        .map_err(|error| CliError::Usage(format!("cannot read {}: {error}", file.display())))?;
+async fn publish(
+    client: &Client,
+    file: &Path,
+    manifest: Option<&Path>,
+) -> Result<crate::api::ArtifactStored, CliError> {
+    let bytes = artifact_bytes(file, manifest)?;
     Ok(client.publish(bytes).await?)
+}
+
+/// The bytes to upload for a file: a module as it is; a `.cl` kernel packed
+/// with its manifest's `[opencl]` section.
+fn artifact_bytes(file: &Path, manifest: Option<&Path>) -> Result<Vec<u8>, CliError> {
+    if file.extension().and_then(|e| e.to_str()) != Some("cl") {
+        return std::fs::read(file)
+            .map_err(|error| CliError::Usage(format!("cannot read {}: {error}", file.display())));
+    }
+    let path = manifest
+        .map(Path::to_path_buf)
+        .or_else(|| Manifest::find_for(file))
+        .ok_or_else(|| {
+            CliError::Usage(format!(
+                "no task.toml beside {}; an OpenCL kernel needs a manifest with an [opencl] section (see tasks/saxpy/task.toml), or pass --manifest",
+                file.display()
+            ))
+        })?;
+    let mut loaded = Manifest::load(&path).map_err(|error| CliError::Usage(error.to_string()))?;
+    // The file named on the command line is the source, whatever the manifest says.
+    if let Some(kernel) = loaded.kernel.as_mut() {
+        kernel.source = file.to_path_buf();
+    }
+    let package = loaded
+        .package(&path)
+        .map_err(|error| CliError::Usage(error.to_string()))?;
+    Ok(package.to_bytes())
 }
 
 fn read_input(source: &str) -> Result<Vec<u8>, CliError> {
@@ -302,17 +344,17 @@ fn looks_like_digest(text: &str) -> bool {
 async fn run_task(cli: &Cli, client: &Client, args: &RunArgs) -> Result<i32, CliError> {
     let target = Path::new(&args.target);
     let (digest, manifest_path) = if target.is_file() {
-        let stored = publish(client, target).await?;
         let manifest = match &args.manifest {
             Some(path) => Some(path.clone()),
             None => Manifest::find_for(target),
         };
+        let stored = publish(client, target, manifest.as_deref()).await?;
         (stored.digest, manifest)
     } else if looks_like_digest(&args.target) {
         (args.target.clone(), args.manifest.clone())
     } else {
         return Err(CliError::Usage(format!(
-            "{} is neither a file nor a digest; give a .wasm file or the digest `starling publish` printed",
+            "{} is neither a file nor a digest; give a .wasm or .cl file or the digest `starling publish` printed",
             args.target
         )));
     };

@@ -151,13 +151,18 @@ impl Client {
     }
 
     /// `POST /artifacts` with a module's bytes.
-    pub async fn publish(&self, module: Vec<u8>) -> Result<ArtifactStored, ClientError> {
+    pub async fn publish(&self, artifact: Vec<u8>) -> Result<ArtifactStored, ClientError> {
         let url = self.url("/artifacts");
+        let media_type = if starling_opencl::Package::looks_like(&artifact) {
+            starling_opencl::package::MEDIA_TYPE
+        } else {
+            "application/wasm"
+        };
         let request = self
             .http
             .post(&url)
-            .header(reqwest::header::CONTENT_TYPE, "application/wasm")
-            .body(module);
+            .header(reqwest::header::CONTENT_TYPE, media_type)
+            .body(artifact);
         self.send(request, &url).await
     }
 

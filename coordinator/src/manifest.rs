@@ -1,11 +1,14 @@
 //! Task manifests (`task.toml`): what a task author declares about a module so
-//! that `starling run` submits it with the right class, demand and deadline.
-//! Also the duration and size syntax (`10s`, `16MiB`) the CLI accepts.
+//! that `starling run` submits it with the right class, demand and deadline,
+//! and, for an OpenCL task, the `[opencl]` section that `starling publish`
+//! packs with the kernel source. Also the duration and size syntax (`10s`,
+//! `16MiB`) the CLI accepts.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use serde::Deserialize;
+use starling_opencl::{KernelSpec, Package};
 
 use crate::task::{TaskDemand, TaskKind};
 
@@ -29,6 +32,22 @@ pub struct Manifest {
     /// Resources needed.
     #[serde(default)]
     pub demand: TaskDemand,
+    /// The `[opencl]` section as written: `source` (the `.cl` file, relative to
+    /// the manifest) and the fields of a [`KernelSpec`].
+    #[serde(default)]
+    pub opencl: Option<toml::Table>,
+    /// The `[opencl]` section, read and resolved by [`Manifest::load`].
+    #[serde(skip)]
+    pub kernel: Option<KernelSection>,
+}
+
+/// A manifest's `[opencl]` section.
+#[derive(Debug, Clone, PartialEq)]
+pub struct KernelSection {
+    /// The kernel source file, resolved against the manifest's directory.
+    pub source: PathBuf,
+    /// How to launch it.
+    pub spec: KernelSpec,
 }
 
 /// Why a manifest could not be used.
@@ -60,10 +79,32 @@ impl Manifest {
             path: path.to_path_buf(),
             source,
         })?;
-        let manifest: Manifest = toml::from_str(&text).map_err(|error| ManifestError::Invalid {
+        let invalid = |detail: String| ManifestError::Invalid {
             path: path.to_path_buf(),
-            detail: error.to_string(),
-        })?;
+            detail,
+        };
+        let mut manifest: Manifest =
+            toml::from_str(&text).map_err(|error| invalid(error.to_string()))?;
+        if let Some(table) = &manifest.opencl {
+            let mut table = table.clone();
+            let source = match table.remove("source") {
+                Some(toml::Value::String(source)) => source,
+                _ => return Err(invalid(
+                    "[opencl] needs `source = \"FILE.cl\"`, the kernel source beside the manifest"
+                        .to_string(),
+                )),
+            };
+            let spec: KernelSpec = toml::Value::Table(table)
+                .try_into()
+                .map_err(|error| invalid(format!("[opencl]: {error}")))?;
+            spec.validate()
+                .map_err(|error| invalid(error.to_string()))?;
+            let directory = path.parent().unwrap_or(Path::new("."));
+            manifest.kernel = Some(KernelSection {
+                source: directory.join(source),
+                spec,
+            });
+        }
         if let Some(deadline) = &manifest.deadline {
             parse_duration(deadline).map_err(|detail| ManifestError::Invalid {
                 path: path.to_path_buf(),
@@ -71,6 +112,27 @@ impl Manifest {
             })?;
         }
         Ok(manifest)
+    }
+
+    /// The OpenCL package this manifest describes: its kernel source read from
+    /// disk and checked against the spec, as the coordinator will check it.
+    pub fn package(&self, path: &Path) -> Result<Package, ManifestError> {
+        let invalid = |detail: String| ManifestError::Invalid {
+            path: path.to_path_buf(),
+            detail,
+        };
+        let kernel = self.kernel.as_ref().ok_or_else(|| {
+            invalid(
+                "it has no [opencl] section; an OpenCL task needs one (see tasks/saxpy/task.toml)"
+                    .to_string(),
+            )
+        })?;
+        let source =
+            std::fs::read_to_string(&kernel.source).map_err(|source| ManifestError::Read {
+                path: kernel.source.clone(),
+                source,
+            })?;
+        Package::new(source, kernel.spec.clone()).map_err(|error| invalid(error.to_string()))
     }
 
     /// The manifest's deadline, if it has a valid one.

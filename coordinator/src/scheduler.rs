@@ -81,6 +81,7 @@ pub fn pending_task(key: u64, record: &TaskRecord) -> PendingTask {
             memory_bytes: spec.demand.memory_mb.saturating_mul(1024 * 1024),
             gpu: spec.demand.gpu,
             io_mbps: spec.demand.io_mbps,
+            gpu_memory_bytes: spec.demand.gpu_memory_bytes,
         },
         work: spec.work_seconds,
         input_bytes: spec.input.len() as u64,
@@ -92,6 +93,8 @@ pub fn pending_task(key: u64, record: &TaskRecord) -> PendingTask {
             runtime: spec.runtime,
             arch: None,
             labels: Vec::new(),
+            device_kind: spec.demand.device.required_kind(),
+            fp64: spec.demand.fp64,
         },
     }
 }

@@ -493,21 +493,23 @@ impl Store {
         Ok(())
     }
 
-    /// Stores an artifact under its digest; returns whether it was new.
-    /// Storing the same bytes twice is harmless.
+    /// Stores an artifact under its digest with the runtime that runs it;
+    /// returns whether it was new. Storing the same bytes twice is harmless.
     pub async fn put_artifact(
         &self,
         digest: &Digest,
         bytes: &[u8],
+        runtime: Runtime,
         now_ms: u64,
     ) -> Result<bool, StoreError> {
-        let sql = "INSERT INTO artifacts (digest, size_bytes, bytes, created_ms) VALUES ($1, $2, $3, $4) \
+        let sql = "INSERT INTO artifacts (digest, size_bytes, bytes, created_ms, runtime) VALUES ($1, $2, $3, $4, $5) \
                    ON CONFLICT (digest) DO NOTHING";
         let result = with_pool!(self, pool => sqlx::query(sql)
             .bind(digest.to_hex())
             .bind(to_db(bytes.len() as u64))
             .bind(bytes)
             .bind(to_db(now_ms))
+            .bind(runtime.as_str())
             .execute(pool)
             .await
             .map(|done| done.rows_affected()))?;
@@ -524,14 +526,22 @@ impl Store {
         Ok(bytes.map(|(bytes,)| bytes))
     }
 
-    /// The size of an artifact, if stored.
-    pub async fn artifact_size(&self, digest: &Digest) -> Result<Option<u64>, StoreError> {
-        let sql = "SELECT size_bytes FROM artifacts WHERE digest = $1";
-        let size: Option<(i64,)> = with_pool!(self, pool => sqlx::query_as(sql)
+    /// The size and runtime of an artifact, if stored.
+    pub async fn artifact_info(
+        &self,
+        digest: &Digest,
+    ) -> Result<Option<(u64, Runtime)>, StoreError> {
+        let sql = "SELECT size_bytes, runtime FROM artifacts WHERE digest = $1";
+        let row: Option<(i64, String)> = with_pool!(self, pool => sqlx::query_as(sql)
             .bind(digest.to_hex())
             .fetch_optional(pool)
             .await)?;
-        Ok(size.map(|(size,)| from_db(size)))
+        row.map(|(size, runtime)| {
+            let runtime =
+                runtime_from_str(&runtime).ok_or_else(|| corrupt("artifacts.runtime", &runtime))?;
+            Ok((from_db(size), runtime))
+        })
+        .transpose()
     }
 
     /// Stores a new task in state `pending`.

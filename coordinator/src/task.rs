@@ -5,6 +5,7 @@ use std::fmt;
 use std::str::FromStr;
 
 use serde::{Deserialize, Serialize};
+use starling_opencl::DeviceType;
 use utoipa::ToSchema;
 
 /// Where a task stands, as the coordinator records it.
@@ -138,6 +139,16 @@ pub struct TaskDemand {
     pub gpu: bool,
     /// Disk throughput it needs, in MB/s.
     pub io_mbps: f32,
+    /// Device memory its kernel's buffers take, in bytes. For OpenCL tasks the
+    /// coordinator computes it from the kernel spec at submission.
+    pub gpu_memory_bytes: u64,
+    /// The OpenCL device type it needs (`any`, `gpu`, `cpu`, `accelerator`).
+    /// For OpenCL tasks it comes from the kernel spec.
+    #[schema(value_type = String)]
+    pub device: DeviceType,
+    /// Whether it needs a double-precision OpenCL device. For OpenCL tasks the
+    /// coordinator sets it when the kernel takes `double` arguments.
+    pub fp64: bool,
 }
 
 impl Default for TaskDemand {
@@ -147,6 +158,9 @@ impl Default for TaskDemand {
             memory_mb: 64,
             gpu: false,
             io_mbps: 0.0,
+            gpu_memory_bytes: 0,
+            device: DeviceType::Any,
+            fp64: false,
         }
     }
 }
@@ -157,7 +171,7 @@ impl Default for TaskDemand {
 pub struct TaskLimits {
     /// Wall-clock limit in milliseconds.
     pub wall_ms: u64,
-    /// Linear memory limit in bytes.
+    /// Memory limit in bytes: linear memory for wasm, device buffers for OpenCL.
     pub memory_bytes: u64,
     /// Output limit in bytes.
     pub output_bytes: u64,

@@ -24,6 +24,7 @@ fn new_task(id: &str, artifact: Digest, created_ms: u64) -> NewTask {
             memory_mb: 32,
             gpu: false,
             io_mbps: 20.0,
+            ..TaskDemand::default()
         },
         limits: TaskLimits {
             wall_ms: 2_000,
@@ -50,13 +51,31 @@ async fn exercise(store: &Store) {
     // Artifacts: content-addressed, storing twice is harmless.
     let bytes = common::minimal_wasm();
     let digest = Digest(Sha256::digest(&bytes).into());
-    assert!(store.put_artifact(&digest, &bytes, 1).await.unwrap());
-    assert!(!store.put_artifact(&digest, &bytes, 2).await.unwrap());
+    assert!(store
+        .put_artifact(&digest, &bytes, Runtime::Wasm, 1)
+        .await
+        .unwrap());
+    assert!(!store
+        .put_artifact(&digest, &bytes, Runtime::Wasm, 2)
+        .await
+        .unwrap());
     assert_eq!(store.artifact(&digest).await.unwrap(), Some(bytes.clone()));
     assert_eq!(
-        store.artifact_size(&digest).await.unwrap(),
-        Some(bytes.len() as u64)
+        store.artifact_info(&digest).await.unwrap(),
+        Some((bytes.len() as u64, Runtime::Wasm))
     );
+    // An OpenCL package keeps its runtime.
+    let package = b"{\"format\":\"starling-opencl/1\"}".to_vec();
+    let package_digest = Digest(Sha256::digest(&package).into());
+    assert!(store
+        .put_artifact(&package_digest, &package, Runtime::Opencl, 3)
+        .await
+        .unwrap());
+    assert_eq!(
+        store.artifact_info(&package_digest).await.unwrap(),
+        Some((package.len() as u64, Runtime::Opencl))
+    );
+    assert_eq!(store.artifact_info(&Digest([7; 32])).await.unwrap(), None);
     assert_eq!(store.artifact(&Digest([7; 32])).await.unwrap(), None);
 
     // Tasks round trip field by field.
@@ -384,7 +403,7 @@ mod redeliveries {
                 let store = Store::open(&format!("sqlite://{}", dir.path().join("p.db").display())).await.unwrap();
                 let bytes = common::minimal_wasm();
                 let digest = Digest(Sha256::digest(&bytes).into());
-                store.put_artifact(&digest, &bytes, 0).await.unwrap();
+                store.put_artifact(&digest, &bytes, Runtime::Wasm, 0).await.unwrap();
                 store.insert_task(&new_task("t", digest, 0)).await.unwrap();
                 let explanation = serde_json::json!({});
                 assert!(store.assign_task("t", 1, "n", 0, &explanation, 1).await.unwrap());

@@ -470,6 +470,83 @@ pub fn wasm_file(dir: &Path, name: &str, wat_text: &str) -> PathBuf {
     path
 }
 
+/// Writes an OpenCL kernel and its `task.toml` into `dir` (the manifest's
+/// `[opencl]` section is `opencl_toml`, without its header) and returns the
+/// kernel's path, ready for `starling run FILE.cl`.
+pub fn kernel_file(dir: &Path, name: &str, source: &str, opencl_toml: &str) -> PathBuf {
+    let folder = dir.join(name);
+    std::fs::create_dir_all(&folder).unwrap();
+    let kernel = folder.join(format!("{name}.cl"));
+    std::fs::write(&kernel, source).unwrap();
+    std::fs::write(
+        folder.join("task.toml"),
+        format!(
+            "name = \"{name}\"\nclass = \"gpu\"\n\n[opencl]\nsource = \"{name}.cl\"\n{opencl_toml}"
+        ),
+    )
+    .unwrap();
+    kernel
+}
+
+/// Little-endian bytes of f32s: the layout of OpenCL tasks' buffers.
+pub fn f32_bytes(values: &[f32]) -> Vec<u8> {
+    values.iter().flat_map(|v| v.to_le_bytes()).collect()
+}
+
+/// f32s from little-endian bytes.
+pub fn f32_values(bytes: &[u8]) -> Vec<f32> {
+    bytes
+        .chunks_exact(4)
+        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+        .collect()
+}
+
+/// CPU references for the example kernels in `tasks/`, to check their output
+/// and to measure them against.
+pub mod reference {
+    /// `y = a·x + y`.
+    pub fn saxpy(a: f32, x: &[f32], y: &[f32]) -> Vec<f32> {
+        x.iter().zip(y).map(|(x, y)| a * x + y).collect()
+    }
+
+    /// `C = A·B` for row-major A (m×k) and B (k×n): a plain loop in i-k-j
+    /// order, so the inner loop streams through B and C.
+    pub fn matmul(m: usize, n: usize, k: usize, a: &[f32], b: &[f32]) -> Vec<f32> {
+        let mut c = vec![0.0f32; m * n];
+        for i in 0..m {
+            for p in 0..k {
+                let a_ip = a[i * k + p];
+                let b_row = &b[p * n..(p + 1) * n];
+                let c_row = &mut c[i * n..(i + 1) * n];
+                for (c, b) in c_row.iter_mut().zip(b_row) {
+                    *c += a_ip * b;
+                }
+            }
+        }
+        c
+    }
+
+    /// Deterministic test data in [-1, 1): a small linear congruential sequence.
+    pub fn data(len: usize, seed: u32) -> Vec<f32> {
+        let mut state = seed.wrapping_mul(2_654_435_761).wrapping_add(1);
+        (0..len)
+            .map(|_| {
+                state = state.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
+                (state >> 8) as f32 / (1u32 << 23) as f32 - 1.0
+            })
+            .collect()
+    }
+
+    /// The largest difference between two vectors, relative to the larger magnitude (≥ 1).
+    pub fn max_relative_error(got: &[f32], want: &[f32]) -> f32 {
+        assert_eq!(got.len(), want.len(), "lengths differ");
+        got.iter()
+            .zip(want)
+            .map(|(g, w)| (g - w).abs() / w.abs().max(1.0))
+            .fold(0.0, f32::max)
+    }
+}
+
 /// WAT modules with known behaviour, for the tests.
 pub mod modules {
     /// Copies stdin to stdout, prefixed with `echo:`.
