@@ -356,3 +356,18 @@ fn bad_arguments_are_refused_as_spec_errors() {
         starling_proto::FailureReason::InvalidInput
     );
 }
+
+#[test]
+fn argument_checks_hold_for_a_program_loaded_from_the_binary_cache() {
+    let cache = tempfile::tempdir().unwrap();
+    let (mut request, _) = saxpy_request(16);
+    request.source = format!("// cached argument info test\n{SAXPY}");
+    exec::run(&request, Some(cache.path())).unwrap();
+    request.spec.args[1].ty = ScalarType::Int;
+    request.args[1] = "a=2".into();
+    let error = exec::run(&request, Some(cache.path())).unwrap_err();
+    assert!(
+        matches!(&error, RunError::Mismatch(message) if message.contains("`a`")),
+        "{error:?}"
+    );
+}
