@@ -165,6 +165,7 @@ pub async fn run(
     let executor = Arc::new(WasmExecutor::new()?);
 
     let mut session = Session::new(node_id.clone(), topics);
+    session.set_runtimes(&capability.runtimes);
     let (mut journal, remembered) = AttemptJournal::open(&config.data_dir)?;
     let interrupted = session.restore(remembered)?;
     write_journal(&mut journal, &mut session);

@@ -86,6 +86,8 @@ pub struct Session {
     finished: VecDeque<AttemptKey>,
     /// Accepted and final events not yet handed to the journal.
     unjournaled: Vec<TaskEvent>,
+    /// The runtimes this agent runs (those it advertises).
+    runtimes: Vec<Runtime>,
 }
 
 impl std::fmt::Debug for Session {
@@ -110,7 +112,14 @@ impl Session {
             attempts: HashMap::new(),
             finished: VecDeque::new(),
             unjournaled: Vec::new(),
+            runtimes: vec![Runtime::Wasm],
         }
+    }
+
+    /// Sets the runtimes the agent runs, as its capability advertises them
+    /// (wasm only until then); an assignment for another fails at once.
+    pub fn set_runtimes(&mut self, runtimes: &[Runtime]) {
+        self.runtimes = runtimes.to_vec();
     }
 
     /// Restores attempts from the journal of an earlier run. Attempts that
@@ -233,16 +242,18 @@ impl Session {
             let event = record.last_event.clone();
             return Ok(vec![Action::Publish(self.event_message(&event)?)]);
         }
-        if assignment.runtime != Runtime::Wasm {
+        if !self.runtimes.contains(&assignment.runtime) {
+            let offered: Vec<&str> = self.runtimes.iter().map(|r| r.as_str()).collect();
             let event = TaskEvent::failed(
                 assignment.task_id.clone(),
                 assignment.attempt,
                 self.node_id.clone(),
                 FailureReason::UnsupportedRuntime,
                 &format!(
-                    "this agent build executes only wasm tasks, not {}; its OpenCL devices are \
-                     reported for placement, but OpenCL kernels need an executor it does not have yet",
-                    assignment.runtime.as_str()
+                    "this agent does not run {} tasks (it runs: {}); an OpenCL task needs a node \
+                     where the OpenCL worker found a device",
+                    assignment.runtime.as_str(),
+                    offered.join(", ")
                 ),
             );
             return Ok(vec![Action::Publish(self.record_event(event)?)]);
@@ -592,7 +603,7 @@ mod tests {
     }
 
     #[test]
-    fn opencl_assignments_fail_as_unsupported() {
+    fn opencl_assignments_fail_as_unsupported_unless_advertised() {
         let mut s = session();
         let mut a = assignment("gpu", 1);
         a.runtime = Runtime::Opencl;
@@ -603,6 +614,21 @@ mod tests {
         assert_eq!(actions.len(), 1);
         let event = published_event(&actions[0]);
         assert_eq!(event.reason, Some(FailureReason::UnsupportedRuntime));
+        assert!(event.message.unwrap().contains("it runs: wasm"));
+
+        // Once the worker found a device, the same kind of assignment starts.
+        s.set_runtimes(&[Runtime::Wasm, Runtime::Opencl]);
+        let mut a = assignment("gpu", 2);
+        a.runtime = Runtime::Opencl;
+        let actions = s
+            .on_publish(&topic, &starling_proto::encode(&a).unwrap())
+            .unwrap();
+        assert!(
+            actions
+                .iter()
+                .any(|action| matches!(action, Action::Start { .. })),
+            "{actions:?}"
+        );
     }
 
     #[test]

@@ -45,10 +45,13 @@ pub const REFERENCE_CORE_SPEED: f64 = 1.0;
 pub const REFERENCE_IO_MBPS: f64 = 500.0;
 /// Single-precision GFLOP/s of one reference core (an x86 mini-PC core = speed
 /// 1.0) on the agent's calibration kernel. It converts a calibrated OpenCL
-/// device's measured GFLOP/s into a speed relative to the reference core. A
-/// provisional figure until the calibration kernel is measured on a reference
-/// core through PoCL.
-pub const REFERENCE_CORE_GFLOPS: f64 = 8.0;
+/// device's measured GFLOP/s into a speed relative to the reference core.
+///
+/// Measured: the calibration kernel on PoCL 3.1 held to one core
+/// (`POCL_CPU_MAX_CU_NUM=1`) scores 20.6–22.7 GFLOP/s on a 2.3 GHz Skylake-SP
+/// Xeon core with AVX-512. A mini-PC core has AVX2, half that vector width, at
+/// a similar clock: about 10.
+pub const REFERENCE_CORE_GFLOPS: f64 = 10.0;
 /// FLOPs per compute unit per cycle assumed for an uncalibrated non-CPU device:
 /// 64 lanes issuing a fused multiply-add (an AMD GCN compute unit; half a Maxwell
 /// SM). Units differ widely between vendors; calibration replaces the guess.
