@@ -582,7 +582,7 @@ pub fn validate_artifact(bytes: &[u8]) -> Result<Runtime, ApiError> {
     } else {
         Err(bad_request(
             "invalid_artifact",
-            "the body is neither a WebAssembly module (it does not start with \\0asm) nor an OpenCL package (JSON); upload a .wasm file, or a .cl kernel with `starling publish`",
+            "the body is not a WebAssembly module (it does not start with \\0asm), nor an OpenCL package (a JSON object); upload a .wasm file, or publish a .cl kernel with `starling publish`",
         ))
     }
 }

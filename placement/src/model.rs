@@ -840,8 +840,9 @@ mod tests {
         assert!(!view.online);
         let gpu = view.gpu.unwrap();
         assert_eq!(gpu.devices, 1);
-        // Uncalibrated: 1 unit × 0.921 GHz × 128 FLOP/cycle × 65% over 8 GFLOP/s.
-        assert!((gpu.speed - 9.58).abs() < 0.01, "{}", gpu.speed);
+        // Uncalibrated: 1 unit × 0.921 GHz × 128 FLOP/cycle × 65% over the reference core.
+        let estimate = 0.921 * 128.0 * 0.65 / REFERENCE_CORE_GFLOPS;
+        assert!((gpu.speed - estimate).abs() < 0.01, "{}", gpu.speed);
         assert!(gpu.kinds.gpu && !gpu.kinds.cpu);
         assert_eq!(view.power_levels.len(), 2);
         assert_eq!(view.power_levels[0].speed_factor, 0.6f32 as f64);
@@ -893,7 +894,8 @@ mod tests {
         // The same device uncalibrated is priced from units × clock instead.
         let estimated = device(GpuKind::Gpu, 1, 921, 4 << 30, None);
         let guess = GpuCapacity::device_speed(&estimated, 0.3);
-        assert!((guess - 9.58).abs() < 0.01, "{guess}");
+        let estimate = 0.921 * 128.0 * 0.65 / REFERENCE_CORE_GFLOPS;
+        assert!((guess - estimate).abs() < 0.01, "{guess}");
         // A CPU device without a measurement counts its cores at 80% of their speed.
         let pocl = device(GpuKind::Cpu, 8, 3000, 16 << 30, None);
         assert!((GpuCapacity::device_speed(&pocl, 0.5) - 3.2).abs() < 1e-9);
@@ -915,7 +917,7 @@ mod tests {
         let cpu_only = GpuCapacity::from_devices(core::slice::from_ref(&pocl), 1.0).unwrap();
         assert_eq!(cpu_only.devices, 0);
         assert_eq!(cpu_only.speed, 0.0);
-        assert!((cpu_only.cpu_device_speed - 12.0).abs() < 1e-9);
+        assert!((cpu_only.cpu_device_speed - 96.0 / REFERENCE_CORE_GFLOPS).abs() < 1e-9);
         assert_eq!(
             cpu_only.kinds,
             DeviceKinds {
@@ -937,8 +939,8 @@ mod tests {
         let npu = device(GpuKind::Accelerator, 4, 800, 1 << 30, None);
         let mixed = GpuCapacity::from_devices(&[pocl, small, big, npu], 1.0).unwrap();
         assert_eq!(mixed.devices, 3);
-        assert!((mixed.speed - 500.0).abs() < 1e-9);
-        assert!((mixed.cpu_device_speed - 12.0).abs() < 1e-9);
+        assert!((mixed.speed - 4000.0 / REFERENCE_CORE_GFLOPS).abs() < 1e-9);
+        assert!((mixed.cpu_device_speed - 96.0 / REFERENCE_CORE_GFLOPS).abs() < 1e-9);
         assert_eq!(mixed.memory_bytes, 32 << 30);
         assert_eq!(mixed.max_alloc_bytes, 8 << 30);
         assert!(mixed.kinds.gpu && mixed.kinds.cpu && mixed.kinds.accelerator);
