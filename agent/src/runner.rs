@@ -234,14 +234,9 @@ impl Runner {
                 )
             }
         };
-        if cancel.load(Ordering::SeqCst) {
-            return self.state_event(assignment, TaskState::Cancelled);
+        if let Some(cancelled) = self.start_running(assignment, cancel) {
+            return cancelled;
         }
-
-        self.power_level
-            .store(assignment.power_level, Ordering::SeqCst);
-        self.send(self.state_event(assignment, TaskState::Running));
-        self.counters.executions.fetch_add(1, Ordering::SeqCst);
 
         // Output travels inline in the event, so it can never exceed the
         // inline bound, whatever the assignment allows.
@@ -329,6 +324,20 @@ impl Runner {
         }
     }
 
+    /// The last step before execution, whatever the runtime: a cancel that
+    /// came in while fetching or compiling ends the attempt here (the returned
+    /// event); otherwise the attempt is reported running at its power level.
+    fn start_running(&self, assignment: &Assignment, cancel: &AtomicBool) -> Option<TaskEvent> {
+        if cancel.load(Ordering::SeqCst) {
+            return Some(self.state_event(assignment, TaskState::Cancelled));
+        }
+        self.power_level
+            .store(assignment.power_level, Ordering::SeqCst);
+        self.send(self.state_event(assignment, TaskState::Running));
+        self.counters.executions.fetch_add(1, Ordering::SeqCst);
+        None
+    }
+
     /// Runs an OpenCL task in a fresh worker process, killed at the wall-time
     /// limit or on cancel, so that a runaway kernel or a crashing driver costs
     /// one attempt and never the agent.
@@ -357,13 +366,9 @@ impl Runner {
                 )
             }
         };
-        if cancel.load(Ordering::SeqCst) {
-            return self.state_event(assignment, TaskState::Cancelled);
+        if let Some(cancelled) = self.start_running(assignment, cancel) {
+            return cancelled;
         }
-        self.power_level
-            .store(assignment.power_level, Ordering::SeqCst);
-        self.send(self.state_event(assignment, TaskState::Running));
-        self.counters.executions.fetch_add(1, Ordering::SeqCst);
         let request = KernelRun {
             source: package.source,
             spec: package.spec,

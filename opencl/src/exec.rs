@@ -551,17 +551,6 @@ fn address_space_name(qualifier: u32) -> &'static str {
     }
 }
 
-fn kind_name(kind: ArgKind) -> &'static str {
-    match kind {
-        ArgKind::Scalar => "scalar",
-        ArgKind::In => "in",
-        ArgKind::Out => "out",
-        ArgKind::Inout => "inout",
-        ArgKind::Scratch => "scratch",
-        ArgKind::Local => "local",
-    }
-}
-
 /// Checks the compiled kernel against the spec: argument count, and where
 /// the driver keeps argument info, each argument's address space and scalar
 /// type; then the kernel's own work-group limit.
@@ -613,7 +602,7 @@ fn check_kernel(
                  which needs {wanted}",
                 arg.name,
                 address_space_name(qualifier),
-                kind_name(arg.kind)
+                arg.kind.as_str()
             )));
         }
         if let Ok(type_name) = kernel.get_arg_type_name(index_u32) {

@@ -272,7 +272,8 @@ const MAX_BUILD_OPTIONS_LEN: usize = 1024;
 const QUOTE_LEN: usize = 64;
 
 impl ArgKind {
-    fn as_str(self) -> &'static str {
+    /// The kind as written in a manifest (`in`, `scratch`, ...).
+    pub fn as_str(self) -> &'static str {
         match self {
             ArgKind::Scalar => "scalar",
             ArgKind::In => "in",

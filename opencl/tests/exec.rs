@@ -4,15 +4,11 @@
 //! initialise it at once), so these tests may run in parallel threads.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use starling_opencl::exec::{self, RunError, RunRequest};
-use starling_opencl::{ArgKind, ArgSpec, DeviceType, KernelSpec, ScalarType};
+mod common;
 
-const SAXPY: &str = r#"
-__kernel void saxpy(const uint n, const float a, __global const float *x, __global float *y) {
-    uint i = get_global_id(0);
-    if (i < n) y[i] = a * x[i] + y[i];
-}
-"#;
+use common::{arg, saxpy_spec, SAXPY};
+use starling_opencl::exec::{self, RunError, RunRequest};
+use starling_opencl::{ArgKind, DeviceType, KernelSpec, ScalarType};
 
 const MATMUL: &str = r#"
 #define TILE 16
@@ -31,32 +27,6 @@ __kernel void matmul(const uint n, __global const float *a, __global const float
     c[row * n + col] = sum;
 }
 "#;
-
-fn arg(name: &str, kind: ArgKind, ty: ScalarType, len: Option<&str>) -> ArgSpec {
-    ArgSpec {
-        name: name.into(),
-        kind,
-        ty,
-        len: len.map(str::to_owned),
-        default: None,
-    }
-}
-
-fn saxpy_spec() -> KernelSpec {
-    KernelSpec {
-        kernel: "saxpy".into(),
-        device: DeviceType::Any,
-        global: vec!["n".into()],
-        local: vec![],
-        build_options: String::new(),
-        args: vec![
-            arg("n", ArgKind::Scalar, ScalarType::Uint, None),
-            arg("a", ArgKind::Scalar, ScalarType::Float, None),
-            arg("x", ArgKind::In, ScalarType::Float, Some("n")),
-            arg("y", ArgKind::Inout, ScalarType::Float, Some("n")),
-        ],
-    }
-}
 
 fn floats(values: impl IntoIterator<Item = f32>) -> Vec<u8> {
     values.into_iter().flat_map(f32::to_le_bytes).collect()

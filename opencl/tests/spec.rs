@@ -4,6 +4,9 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod common;
+
+use common::arg;
 use proptest::prelude::*;
 use starling_opencl::expr::Expr;
 use starling_opencl::package::{FORMAT, MAX_PACKAGE_BYTES, MAX_SOURCE_BYTES};
@@ -48,16 +51,6 @@ void matmul(const uint n,
 // A helper kernel in the same source.
 __kernel void fill(__global float *out, const float value) { out[get_global_id(0)] = value; }
 "#;
-
-fn arg(name: &str, kind: ArgKind, ty: ScalarType, len: Option<&str>) -> ArgSpec {
-    ArgSpec {
-        name: name.into(),
-        kind,
-        ty,
-        len: len.map(Into::into),
-        default: None,
-    }
-}
 
 fn saxpy_spec() -> KernelSpec {
     KernelSpec {

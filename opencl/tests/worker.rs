@@ -7,9 +7,12 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+mod common;
+
+use common::{arg, saxpy_spec, SAXPY};
 use starling_opencl::exec::{RunError, RunRequest};
 use starling_opencl::worker::WorkerClient;
-use starling_opencl::{ArgKind, ArgSpec, DeviceType, KernelSpec, ScalarType};
+use starling_opencl::{ArgKind, DeviceType, KernelSpec, ScalarType};
 
 /// Every test here spawns workers and some check that none is left behind,
 /// so they take turns.
@@ -23,23 +26,6 @@ fn client(cache: &tempfile::TempDir) -> WorkerClient {
     WorkerClient::new(worker_bin(), cache.path().to_path_buf())
 }
 
-fn arg(name: &str, kind: ArgKind, ty: ScalarType, len: Option<&str>) -> ArgSpec {
-    ArgSpec {
-        name: name.into(),
-        kind,
-        ty,
-        len: len.map(str::to_owned),
-        default: None,
-    }
-}
-
-const SAXPY: &str = r#"
-__kernel void saxpy(const uint n, const float a, __global const float *x, __global float *y) {
-    uint i = get_global_id(0);
-    if (i < n) y[i] = a * x[i] + y[i];
-}
-"#;
-
 fn saxpy() -> (RunRequest, Vec<u8>) {
     let n = 64u32;
     let x: Vec<f32> = (0..n).map(|i| i as f32).collect();
@@ -52,19 +38,7 @@ fn saxpy() -> (RunRequest, Vec<u8>) {
     let input = x.iter().chain(&y).flat_map(|v| v.to_le_bytes()).collect();
     let request = RunRequest {
         source: SAXPY.into(),
-        spec: KernelSpec {
-            kernel: "saxpy".into(),
-            device: DeviceType::Any,
-            global: vec!["n".into()],
-            local: vec![],
-            build_options: String::new(),
-            args: vec![
-                arg("n", ArgKind::Scalar, ScalarType::Uint, None),
-                arg("a", ArgKind::Scalar, ScalarType::Float, None),
-                arg("x", ArgKind::In, ScalarType::Float, Some("n")),
-                arg("y", ArgKind::Inout, ScalarType::Float, Some("n")),
-            ],
-        },
+        spec: saxpy_spec(),
         args: vec![format!("n={n}"), "a=2".into()],
         input,
         memory_limit_bytes: 1 << 20,

@@ -11,25 +11,16 @@ use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use indicatif::{ProgressBar, ProgressStyle};
 use starling_coordinator::manifest::Manifest;
 use starling_opencl::exec::{self, RunRequest};
 use starling_opencl::worker::{WorkerClient, WORKER_BIN};
-use starling_tests::{binary, f32_bytes, reference, workspace_root, Agent, Coordinator, Store};
+use starling_tests::{
+    bench_progress, binary, f32_bytes, reference, workspace_root, Agent, Coordinator, Store,
+};
 
 fn median(samples: &mut [f64]) -> f64 {
     samples.sort_by(f64::total_cmp);
     samples[samples.len() / 2]
-}
-
-fn progress(len: usize, what: &str) -> ProgressBar {
-    let bar = ProgressBar::new(len as u64);
-    bar.set_style(
-        ProgressStyle::with_template("{msg:>28} {bar:40} {pos}/{len} {elapsed}")
-            .unwrap_or_else(|_| ProgressStyle::default_bar()),
-    );
-    bar.set_message(what.to_string());
-    bar
 }
 
 /// Runs `sample` `runs` times behind a progress bar and returns the medians.
@@ -38,7 +29,7 @@ fn measure<const N: usize>(
     what: &str,
     mut sample: impl FnMut() -> [f64; N],
 ) -> [f64; N] {
-    let bar = progress(runs, what);
+    let bar = bench_progress(runs, what);
     let mut columns: Vec<Vec<f64>> = vec![Vec::with_capacity(runs); N];
     for _ in 0..runs {
         for (column, value) in columns.iter_mut().zip(sample()) {

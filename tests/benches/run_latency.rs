@@ -9,25 +9,14 @@
 
 use std::time::{Duration, Instant};
 
-use indicatif::{ProgressBar, ProgressStyle};
 use starling_agent::wasm::WasmExecutor;
 use starling_proto::ExecLimits;
-use starling_tests::{modules, wasm_file, Agent, Coordinator, Store};
+use starling_tests::{bench_progress, modules, wasm_file, Agent, Coordinator, Store};
 
 fn median_and_p90(samples: &mut [Duration]) -> (Duration, Duration) {
     samples.sort();
     let p = |q: f64| samples[((samples.len() as f64 - 1.0) * q).round() as usize];
     (p(0.5), p(0.9))
-}
-
-fn progress(len: usize, what: &str) -> ProgressBar {
-    let bar = ProgressBar::new(len as u64);
-    bar.set_style(
-        ProgressStyle::with_template("{msg:>24} {bar:40} {pos}/{len} {elapsed}")
-            .unwrap_or_else(|_| ProgressStyle::default_bar()),
-    );
-    bar.set_message(what.to_string());
-    bar
 }
 
 fn main() {
@@ -46,7 +35,7 @@ fn main() {
     let module = executor.compile(&module_bytes).unwrap();
     let limits = ExecLimits::default();
     let mut floor = Vec::with_capacity(runs);
-    let bar = progress(runs, "in-process instantiate");
+    let bar = bench_progress(runs, "in-process instantiate");
     for _ in 0..runs {
         let start = Instant::now();
         let outcome = executor.run(&module, input, &[], &limits).unwrap();
@@ -76,7 +65,7 @@ fn main() {
         String::from_utf8_lossy(&warm.stderr)
     );
     let mut whole = Vec::with_capacity(runs);
-    let bar = progress(runs, "starling run --wait");
+    let bar = bench_progress(runs, "starling run --wait");
     for _ in 0..runs {
         let start = Instant::now();
         let out = coordinator.cli(&["run", &digest, "--input", "-", "--wait"], Some(input));

@@ -501,6 +501,18 @@ pub fn f32_values(bytes: &[u8]) -> Vec<f32> {
         .collect()
 }
 
+/// A progress bar for a benchmark's measured loop, on stderr so the Markdown
+/// tables on stdout stay clean.
+pub fn bench_progress(len: usize, what: &str) -> indicatif::ProgressBar {
+    let bar = indicatif::ProgressBar::new(len as u64);
+    bar.set_style(
+        indicatif::ProgressStyle::with_template("{msg:>28} {bar:40} {pos}/{len} {elapsed}")
+            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+    );
+    bar.set_message(what.to_string());
+    bar
+}
+
 /// CPU references for the example kernels in `tasks/`, to check their output
 /// and to measure them against.
 pub mod reference {

@@ -1,0 +1,40 @@
+//! Kernels and specs shared by the crate's integration tests.
+#![allow(dead_code)]
+
+use starling_opencl::{ArgKind, ArgSpec, DeviceType, KernelSpec, ScalarType};
+
+/// y = a·x + y, one work-item per element.
+pub const SAXPY: &str = r#"
+__kernel void saxpy(const uint n, const float a, __global const float *x, __global float *y) {
+    uint i = get_global_id(0);
+    if (i < n) y[i] = a * x[i] + y[i];
+}
+"#;
+
+/// An argument without a default.
+pub fn arg(name: &str, kind: ArgKind, ty: ScalarType, len: Option<&str>) -> ArgSpec {
+    ArgSpec {
+        name: name.into(),
+        kind,
+        ty,
+        len: len.map(str::to_owned),
+        default: None,
+    }
+}
+
+/// The spec of [`SAXPY`]: n and a as scalars, x in, y in and out.
+pub fn saxpy_spec() -> KernelSpec {
+    KernelSpec {
+        kernel: "saxpy".into(),
+        device: DeviceType::Any,
+        global: vec!["n".into()],
+        local: vec![],
+        build_options: String::new(),
+        args: vec![
+            arg("n", ArgKind::Scalar, ScalarType::Uint, None),
+            arg("a", ArgKind::Scalar, ScalarType::Float, None),
+            arg("x", ArgKind::In, ScalarType::Float, Some("n")),
+            arg("y", ArgKind::Inout, ScalarType::Float, Some("n")),
+        ],
+    }
+}
