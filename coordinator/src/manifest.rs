@@ -257,4 +257,43 @@ mod tests {
             Err(ManifestError::Invalid { .. })
         ));
     }
+
+    #[test]
+    fn the_example_kernels_manifests_pack_and_a_bad_section_is_refused() {
+        let tasks = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tasks");
+        for name in ["saxpy", "matmul"] {
+            let path = tasks.join(name).join("task.toml");
+            let manifest = Manifest::load(&path).unwrap();
+            assert_eq!(manifest.class, TaskKind::Gpu);
+            let package = manifest.package(&path).unwrap();
+            assert_eq!(package.spec.kernel, name);
+            // What `starling publish` uploads is what the coordinator accepts.
+            assert_eq!(Package::from_bytes(&package.to_bytes()).unwrap(), package);
+        }
+
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("task.toml");
+        std::fs::write(
+            &path,
+            "[opencl]\nkernel = \"k\"\nglobal = [\"1\"]\nargs = []\n",
+        )
+        .unwrap();
+        let error = Manifest::load(&path).unwrap_err().to_string();
+        assert!(error.contains("source"), "{error}");
+        std::fs::write(
+            &path,
+            "[opencl]\nsource = \"k.cl\"\nkernel = \"k\"\nglobal = [\"n\"]\nargs = []\n",
+        )
+        .unwrap();
+        let error = Manifest::load(&path).unwrap_err().to_string();
+        assert!(
+            error.contains("n"),
+            "an unknown name in an expression: {error}"
+        );
+        let wasm_only = Manifest {
+            kernel: None,
+            ..Manifest::load(&tasks.join("wordcount/task.toml")).unwrap()
+        };
+        assert!(wasm_only.package(&path).is_err());
+    }
 }
