@@ -361,3 +361,21 @@ fn locate_finds_the_worker_beside_the_test_binary() {
         )
     );
 }
+
+#[test]
+fn a_machine_without_an_opencl_platform_reports_no_devices() {
+    // The ICD loader finds no vendor file, as on a node without any driver.
+    let output = std::process::Command::new(worker_bin())
+        .args(["probe", "--no-calibrate"])
+        .env("OCL_ICD_VENDORS", "/nonexistent-starling-test")
+        .output()
+        .unwrap();
+    assert!(output.status.success(), "{output:?}");
+    let devices: Vec<serde_json::Value> = serde_json::from_slice(&output.stdout).unwrap();
+    assert!(devices.is_empty(), "{devices:?}");
+    assert!(
+        String::from_utf8_lossy(&output.stderr).contains("no OpenCL platform"),
+        "the log line says why: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+}
