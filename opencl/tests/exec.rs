@@ -6,7 +6,7 @@
 
 mod common;
 
-use common::{arg, saxpy_spec, SAXPY};
+use common::{arg, saxpy_spec, tiled_matmul_args, SAXPY};
 use starling_opencl::exec::{self, RunError, RunRequest};
 use starling_opencl::{ArgKind, DeviceType, KernelSpec, ScalarType};
 
@@ -91,14 +91,7 @@ fn tiled_matmul_with_local_tiles_matches_the_cpu_reference() {
         global: vec!["n".into(), "n".into()],
         local: vec!["16".into(), "16".into()],
         build_options: "-cl-mad-enable".into(),
-        args: vec![
-            arg("n", ArgKind::Scalar, ScalarType::Uint, None),
-            arg("a", ArgKind::In, ScalarType::Float, Some("n * n")),
-            arg("b", ArgKind::In, ScalarType::Float, Some("n * n")),
-            arg("c", ArgKind::Out, ScalarType::Float, Some("n * n")),
-            arg("ta", ArgKind::Local, ScalarType::Float, Some("16 * 16")),
-            arg("tb", ArgKind::Local, ScalarType::Float, Some("16 * 16")),
-        ],
+        args: tiled_matmul_args(),
     };
     let mut input = floats(a);
     input.extend(floats(b));

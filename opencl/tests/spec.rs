@@ -6,7 +6,7 @@
 
 mod common;
 
-use common::arg;
+use common::{arg, spec, tiled_matmul_args};
 use proptest::prelude::*;
 use starling_opencl::expr::Expr;
 use starling_opencl::package::{FORMAT, MAX_PACKAGE_BYTES, MAX_SOURCE_BYTES};
@@ -53,13 +53,10 @@ __kernel void fill(__global float *out, const float value) { out[get_global_id(0
 "#;
 
 fn saxpy_spec() -> KernelSpec {
-    KernelSpec {
-        kernel: "saxpy".into(),
-        device: DeviceType::Any,
-        global: vec!["n".into()],
-        local: vec![],
-        build_options: String::new(),
-        args: vec![
+    spec(
+        "saxpy",
+        &["n"],
+        vec![
             arg("n", ArgKind::Scalar, ScalarType::Uint, None),
             ArgSpec {
                 default: Some("1.0".into()),
@@ -68,7 +65,7 @@ fn saxpy_spec() -> KernelSpec {
             arg("x", ArgKind::In, ScalarType::Float, Some("n")),
             arg("y", ArgKind::Inout, ScalarType::Float, Some("n")),
         ],
-    }
+    )
 }
 
 fn matmul_spec() -> KernelSpec {
@@ -78,14 +75,7 @@ fn matmul_spec() -> KernelSpec {
         global: vec!["roundup(n, 16)".into(), "roundup(n, 16)".into()],
         local: vec!["16".into(), "16".into()],
         build_options: "-cl-fast-relaxed-math".into(),
-        args: vec![
-            arg("n", ArgKind::Scalar, ScalarType::Uint, None),
-            arg("a", ArgKind::In, ScalarType::Float, Some("n * n")),
-            arg("b", ArgKind::In, ScalarType::Float, Some("n * n")),
-            arg("c", ArgKind::Out, ScalarType::Float, Some("n * n")),
-            arg("ta", ArgKind::Local, ScalarType::Float, Some("16 * 16")),
-            arg("tb", ArgKind::Local, ScalarType::Float, Some("16 * 16")),
-        ],
+        args: tiled_matmul_args(),
     }
 }
 
@@ -299,19 +289,16 @@ fn matmul_binds_with_local_tiles_and_attribute() {
 #[test]
 fn scratch_buffers_count_on_the_device_only() {
     let source = "__kernel void two_pass(uint n, __global const int *in, __global int *tmp, __global long *out) {}";
-    let spec = KernelSpec {
-        kernel: "two_pass".into(),
-        device: DeviceType::Any,
-        global: vec!["n".into()],
-        local: vec![],
-        build_options: String::new(),
-        args: vec![
+    let spec = spec(
+        "two_pass",
+        &["n"],
+        vec![
             arg("n", ArgKind::Scalar, ScalarType::Uint, None),
             arg("in", ArgKind::In, ScalarType::Int, Some("n")),
             arg("tmp", ArgKind::Scratch, ScalarType::Int, Some("2 * n")),
             arg("out", ArgKind::Out, ScalarType::Long, Some("(n + 63) / 64")),
         ],
-    };
+    );
     spec.check_source(source).unwrap();
     let launch = spec.bind(&strings(&["n=1000"]), 4000).unwrap();
     assert_eq!(launch.input_bytes, 4000);

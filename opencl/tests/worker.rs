@@ -9,10 +9,10 @@ use std::time::{Duration, Instant};
 
 mod common;
 
-use common::{arg, saxpy_spec, SAXPY};
+use common::{arg, saxpy_spec, spec, SAXPY};
 use starling_opencl::exec::{RunError, RunRequest};
 use starling_opencl::worker::WorkerClient;
-use starling_opencl::{ArgKind, DeviceType, KernelSpec, ScalarType};
+use starling_opencl::{ArgKind, ScalarType};
 
 /// Every test here spawns workers and some check that none is left behind,
 /// so they take turns.
@@ -58,17 +58,14 @@ __kernel void spin(__global const int *flag, __global float *out) {
 }
 "#
         .into(),
-        spec: KernelSpec {
-            kernel: "spin".into(),
-            device: DeviceType::Any,
-            global: vec!["1".into()],
-            local: vec![],
-            build_options: String::new(),
-            args: vec![
+        spec: spec(
+            "spin",
+            &["1"],
+            vec![
                 arg("flag", ArgKind::In, ScalarType::Int, Some("1")),
                 arg("out", ArgKind::Out, ScalarType::Float, Some("1")),
             ],
-        },
+        ),
         args: vec![],
         input: vec![0; 4],
         memory_limit_bytes: 1 << 20,
