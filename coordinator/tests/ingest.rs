@@ -249,27 +249,14 @@ async fn a_task_runs_through_a_stand_in_agent_over_the_embedded_broker() {
     wait_for_node(&http, &rest, "edge-1", true).await;
 
     let module = common::minimal_wasm();
-    let stored: Value = http
-        .post(format!("{rest}/api/v1/artifacts"))
-        .body(module.clone())
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let stored: Value = common::upload(&http, &rest, module.clone()).await;
     let digest = stored["digest"].as_str().unwrap().to_string();
-    let task: Value = http
-        .post(format!("{rest}/api/v1/tasks"))
-        .json(
-            &json!({"artifact": digest, "input_text": "ping", "args": ["x"], "deadline_ms": 30000}),
-        )
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let task: Value = common::submit(
+        &http,
+        &rest,
+        &json!({"artifact": digest, "input_text": "ping", "args": ["x"], "deadline_ms": 30000}),
+    )
+    .await;
     let id = task["id"].as_str().unwrap().to_string();
 
     // The assignment names the task, the first attempt and where to fetch the module.
@@ -318,15 +305,7 @@ async fn a_task_runs_through_a_stand_in_agent_over_the_embedded_broker() {
     assert_eq!(states, ["accepted", "running", "succeeded"]);
 
     // A second task; its node vanishes (last will): a new attempt follows.
-    let second: Value = http
-        .post(format!("{rest}/api/v1/tasks"))
-        .json(&json!({"artifact": digest}))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let second: Value = common::submit(&http, &rest, &json!({"artifact": digest})).await;
     let second_id = second["id"].as_str().unwrap().to_string();
     let first_try: Assignment = next_message(&mut incoming, &assign_topic).await;
     assert_eq!(first_try.task_id.as_str(), second_id);
@@ -404,15 +383,7 @@ async fn a_task_runs_through_a_stand_in_agent_over_the_embedded_broker() {
     );
 
     // Out of attempts (2 here): losing the node fails the task.
-    let third: Value = http
-        .post(format!("{rest}/api/v1/tasks"))
-        .json(&json!({"artifact": digest}))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let third: Value = common::submit(&http, &rest, &json!({"artifact": digest})).await;
     let third_id = third["id"].as_str().unwrap().to_string();
     for attempt in 1..=2 {
         let assignment: Assignment = next_message(&mut incoming, &assign_topic).await;
@@ -463,24 +434,8 @@ async fn a_silent_node_gets_no_work_until_it_reports_again() {
     wait_for_node(&http, &rest, "quiet", true).await;
     tokio::time::sleep(Duration::from_millis(1000)).await;
 
-    let stored: Value = http
-        .post(format!("{rest}/api/v1/artifacts"))
-        .body(common::minimal_wasm())
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
-    let task: Value = http
-        .post(format!("{rest}/api/v1/tasks"))
-        .json(&json!({"artifact": stored["digest"]}))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let stored: Value = common::upload(&http, &rest, common::minimal_wasm()).await;
+    let task: Value = common::submit(&http, &rest, &json!({"artifact": stored["digest"]})).await;
     let id = task["id"].as_str().unwrap().to_string();
     // Held while the node is silent, with the policy's reason recorded.
     let url = format!("{rest}/api/v1/tasks/{id}");

@@ -383,25 +383,9 @@ async fn openapi_document_is_checked_in_and_every_get_path_answers() {
         .await
         .unwrap();
     let module = common::minimal_wasm();
-    let stored: Value = http
-        .post(format!("{rest}/api/v1/artifacts"))
-        .body(module)
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let stored: Value = common::upload(&http, &rest, module).await;
     let digest = stored["digest"].as_str().unwrap().to_string();
-    let task: Value = http
-        .post(format!("{rest}/api/v1/tasks"))
-        .json(&json!({"artifact": digest}))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let task: Value = common::submit(&http, &rest, &json!({"artifact": digest})).await;
     let task_id = task["id"].as_str().unwrap().to_string();
     common::eventually(Duration::from_secs(10), "the node to register", || {
         let http = http.clone();

@@ -28,28 +28,17 @@ async fn run_batch(db: Option<String>) -> Duration {
         }
     })
     .await;
-    let stored: Value = http
-        .post(format!("{rest}/api/v1/artifacts"))
-        .body(common::minimal_wasm())
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let stored: Value = common::upload(&http, &rest, common::minimal_wasm()).await;
 
     let started = Instant::now();
     let mut ids = Vec::with_capacity(TASKS);
     for n in 0..TASKS {
-        let task: Value = http
-            .post(format!("{rest}/api/v1/tasks"))
-            .json(&json!({"artifact": stored["digest"], "input_text": format!("{n}")}))
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
+        let task: Value = common::submit(
+            &http,
+            &rest,
+            &json!({"artifact": stored["digest"], "input_text": format!("{n}")}),
+        )
+        .await;
         ids.push(task["id"].as_str().unwrap().to_string());
     }
     let url = format!("{rest}/api/v1/tasks?state=succeeded&limit=1000");

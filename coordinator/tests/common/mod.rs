@@ -20,6 +20,24 @@ use starling_proto::{
     NodeState, Status, TaskEvent, TaskState, Telemetry, Topics,
 };
 
+/// Uploads an artifact's bytes over REST and returns the JSON answer.
+pub async fn upload(http: &reqwest::Client, rest: &str, bytes: Vec<u8>) -> serde_json::Value {
+    post(http.post(format!("{rest}/api/v1/artifacts")).body(bytes)).await
+}
+
+/// Submits a task over REST and returns the JSON answer.
+pub async fn submit(
+    http: &reqwest::Client,
+    rest: &str,
+    task: &serde_json::Value,
+) -> serde_json::Value {
+    post(http.post(format!("{rest}/api/v1/tasks")).json(task)).await
+}
+
+async fn post(request: reqwest::RequestBuilder) -> serde_json::Value {
+    request.send().await.unwrap().json().await.unwrap()
+}
+
 /// A module that exports `_start` and does nothing.
 pub const MINIMAL_WAT: &str = r#"(module (func (export "_start")))"#;
 
