@@ -17,7 +17,9 @@ use serde::Serialize;
 use crate::limits::{
     MAX_INLINE_INPUT_BYTES, MAX_INLINE_OUTPUT_BYTES, MAX_MESSAGE_BYTES, MAX_NESTING_DEPTH,
 };
-use crate::{Assignment, Cancel, Capability, Status, TaskEvent, Telemetry, PROTOCOL_VERSION};
+use crate::{
+    Assignment, Cancel, Capability, EventAck, Status, TaskEvent, Telemetry, PROTOCOL_VERSION,
+};
 
 /// Why bytes could not be decoded into a message.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -119,6 +121,7 @@ message!(Capability, "capability");
 message!(Telemetry, "telemetry");
 message!(Status, "status");
 message!(Cancel, "cancel");
+message!(EventAck, "event ack");
 
 impl Message for Assignment {
     const NAME: &'static str = "assignment";
@@ -131,6 +134,21 @@ impl Message for Assignment {
                 "input of {} bytes exceeds the {MAX_INLINE_INPUT_BYTES}-byte inline limit",
                 self.input.len()
             ));
+        }
+        if !matches!(self.signature.len(), 0 | 64) {
+            return Err(format!(
+                "signature of {} bytes; an ed25519 signature has 64",
+                self.signature.len()
+            ));
+        }
+        if let Some(publisher) = &self.publisher {
+            if publisher.key.len() != 32 || publisher.signature.len() != 64 {
+                return Err(format!(
+                    "publisher key of {} bytes and signature of {} bytes; ed25519 uses 32 and 64",
+                    publisher.key.len(),
+                    publisher.signature.len()
+                ));
+            }
         }
         Ok(())
     }

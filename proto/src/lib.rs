@@ -30,9 +30,14 @@ pub use capability::{
 pub use codec::{decode, encode, DecodeError, EncodeError, Message};
 pub use ids::{Digest, IdError, Label, NodeId, TaskId};
 pub use status::{NodeState, Status};
-pub use task::{Assignment, Cancel, ExecLimits, ExecMetrics, FailureReason, TaskEvent, TaskState};
+pub use task::{
+    Assignment, Cancel, EventAck, ExecLimits, ExecMetrics, FailureReason, Grants,
+    PublisherSignature, TaskEvent, TaskState,
+};
 pub use telemetry::{LinkState, Telemetry};
 pub use topic::{Channel, TopicError, Topics};
 
 /// The version of the wire format every message carries in its `v` field.
-pub const PROTOCOL_VERSION: u16 = 1;
+/// Version 2 added signed assignments (node, validity window, grants,
+/// publisher signature, signature), the `rejected` state and event receipts.
+pub const PROTOCOL_VERSION: u16 = 2;

@@ -30,11 +30,45 @@ impl Default for ExecLimits {
     }
 }
 
-/// An instruction to run one attempt of a task.
+/// What a wasm task may use beyond stdin, stdout, args and its memory.
+/// Everything is off unless the manifest asks for it and the node's policy
+/// allows it; a module that is not granted a capability sees a fixed value
+/// (the clock reads the Unix epoch, random bytes are zeros).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct Grants {
+    /// The real wall and monotonic clocks.
+    #[serde(default)]
+    pub clock: bool,
+    /// Real random bytes.
+    #[serde(default)]
+    pub random: bool,
+}
+
+/// A publisher's signature over an artifact's digest, which a node's policy
+/// may require (and restrict to keys it trusts).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PublisherSignature {
+    /// The publisher's ed25519 public key (32 bytes).
+    #[serde(with = "serde_bytes")]
+    pub key: Vec<u8>,
+    /// The ed25519 signature of the artifact's 32-byte digest (64 bytes).
+    #[serde(with = "serde_bytes")]
+    pub signature: Vec<u8>,
+}
+
+/// An instruction to run one attempt of a task, signed by the coordinator.
+///
+/// The signature covers every other field (see [`Assignment::signed_bytes`]),
+/// so an assignment binds a task, an attempt, a node and a validity window:
+/// an agent refuses one for another node, one outside its window, and one
+/// whose signature does not verify against the coordinator key it pinned at
+/// enrollment.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Assignment {
     /// Protocol version.
     pub v: u16,
+    /// The node this assignment is for.
+    pub node_id: NodeId,
     /// The task.
     pub task_id: TaskId,
     /// Attempt number, from 1; a retry on another node gets a new attempt.
@@ -56,6 +90,32 @@ pub struct Assignment {
     pub power_level: u8,
     /// Deadline as Unix time in milliseconds, if the task has one.
     pub deadline_unix_ms: Option<u64>,
+    /// What the task may use (wasm); the node's policy may narrow it further.
+    #[serde(default)]
+    pub grants: Grants,
+    /// The artifact publisher's signature, if the artifact was signed.
+    #[serde(default)]
+    pub publisher: Option<PublisherSignature>,
+    /// When the coordinator signed it (Unix ms). Every re-send is signed anew.
+    pub issued_unix_ms: u64,
+    /// After this (Unix ms) the agent refuses it as expired or replayed.
+    pub expires_unix_ms: u64,
+    /// The coordinator's ed25519 signature of [`Assignment::signed_bytes`]
+    /// (64 bytes); empty when the coordinator does not sign.
+    #[serde(with = "serde_bytes", default)]
+    pub signature: Vec<u8>,
+}
+
+impl Assignment {
+    /// The bytes the coordinator signs and the agent verifies: the CBOR
+    /// encoding of this assignment with an empty signature. The encoding is
+    /// canonical for a given value (fields in declaration order, no floats),
+    /// so both sides compute the same bytes.
+    pub fn signed_bytes(&self) -> Result<Vec<u8>, crate::EncodeError> {
+        let mut unsigned = self.clone();
+        unsigned.signature = Vec::new();
+        crate::encode(&unsigned)
+    }
 }
 
 /// An instruction to stop an attempt.
@@ -83,6 +143,12 @@ pub enum TaskState {
     Failed,
     /// It was cancelled before finishing.
     Cancelled,
+    /// The agent refused the assignment without running anything: its
+    /// signature did not verify, it was for another node, it was expired or
+    /// replayed, or the node's policy forbids it. `message` says which. The
+    /// coordinator records it as history and does not change the task on it
+    /// (a forged assignment must not be able to fail a real task).
+    Rejected,
 }
 
 impl TaskState {
@@ -90,7 +156,7 @@ impl TaskState {
     pub fn is_terminal(self) -> bool {
         matches!(
             self,
-            TaskState::Succeeded | TaskState::Failed | TaskState::Cancelled
+            TaskState::Succeeded | TaskState::Failed | TaskState::Cancelled | TaskState::Rejected
         )
     }
 }
@@ -196,6 +262,22 @@ impl TaskEvent {
         event.message = Some(truncate(message));
         event
     }
+}
+
+/// The coordinator's receipt for a [`TaskEvent`] (QoS 1, on the node's `ack`
+/// channel): the event is durably recorded, so the agent may drop it from its
+/// journal's outbox. Sent for duplicates too, since a duplicate means an
+/// earlier receipt was lost.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct EventAck {
+    /// Protocol version.
+    pub v: u16,
+    /// The task.
+    pub task_id: TaskId,
+    /// The attempt.
+    pub attempt: u32,
+    /// The state of the event being acknowledged.
+    pub state: TaskState,
 }
 
 /// Cuts text to the message bound on a character boundary.

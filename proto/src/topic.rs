@@ -24,17 +24,20 @@ pub enum Channel {
     Cancel,
     /// [`crate::TaskEvent`], agent → coordinator, QoS 1.
     Events,
+    /// [`crate::EventAck`], coordinator → agent, QoS 1.
+    Ack,
 }
 
 impl Channel {
     /// Every channel.
-    pub const ALL: [Channel; 6] = [
+    pub const ALL: [Channel; 7] = [
         Channel::Capability,
         Channel::Telemetry,
         Channel::Status,
         Channel::Assign,
         Channel::Cancel,
         Channel::Events,
+        Channel::Ack,
     ];
 
     /// The channel's topic level.
@@ -46,6 +49,7 @@ impl Channel {
             Channel::Assign => "assign",
             Channel::Cancel => "cancel",
             Channel::Events => "events",
+            Channel::Ack => "ack",
         }
     }
 

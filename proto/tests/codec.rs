@@ -126,10 +126,12 @@ fn assignment() -> impl Strategy<Value = Assignment> {
         prop::collection::vec(any::<u8>(), 0..2048),
         any::<u8>(),
         proptest::option::of(any::<u64>()),
+        (any::<bool>(), any::<bool>(), any::<u64>(), any::<bool>()),
     )
         .prop_map(
-            |(task_id, attempt, artifact, args, input, power_level, deadline)| Assignment {
+            |(task_id, attempt, artifact, args, input, power_level, deadline, extra)| Assignment {
                 v: PROTOCOL_VERSION,
+                node_id: NodeId::new("pi-1").unwrap(),
                 task_id,
                 attempt,
                 runtime: Runtime::Wasm,
@@ -140,6 +142,17 @@ fn assignment() -> impl Strategy<Value = Assignment> {
                 limits: ExecLimits::default(),
                 power_level,
                 deadline_unix_ms: deadline,
+                grants: Grants {
+                    clock: extra.0,
+                    random: extra.1,
+                },
+                publisher: extra.3.then(|| PublisherSignature {
+                    key: vec![7; 32],
+                    signature: vec![9; 64],
+                }),
+                issued_unix_ms: extra.2 / 2,
+                expires_unix_ms: extra.2,
+                signature: if extra.3 { vec![1; 64] } else { Vec::new() },
             },
         )
 }
@@ -266,7 +279,7 @@ fn a_generic_cbor_reader_sees_named_fields() {
             .find(|(key, _)| key.as_text() == Some(k))
             .map(|(_, v)| v.clone())
     };
-    assert_eq!(get("v").unwrap().as_integer().map(i128::from), Some(1));
+    assert_eq!(get("v").unwrap().as_integer().map(i128::from), Some(2));
     assert_eq!(get("node_id").unwrap().as_text(), Some("pi-1"));
     assert_eq!(get("state").unwrap().as_text(), Some("offline"));
 }
@@ -281,9 +294,9 @@ fn status_bytes_are_stable() {
         state: NodeState::Online,
     };
     let bytes = encode(&status).unwrap();
-    // {"v": 1, "node_id": "n1", "state": "online"}
+    // {"v": 2, "node_id": "n1", "state": "online"}
     let expected: &[u8] = &[
-        0xa3, 0x61, b'v', 0x01, 0x67, b'n', b'o', b'd', b'e', b'_', b'i', b'd', 0x62, b'n', b'1',
+        0xa3, 0x61, b'v', 0x02, 0x67, b'n', b'o', b'd', b'e', b'_', b'i', b'd', 0x62, b'n', b'1',
         0x65, b's', b't', b'a', b't', b'e', 0x66, b'o', b'n', b'l', b'i', b'n', b'e',
     ];
     assert_eq!(bytes, expected);
@@ -400,6 +413,7 @@ fn wrong_shapes_and_versions_are_typed_errors() {
 fn oversize_inline_input_is_refused_both_ways() {
     let mut a = Assignment {
         v: PROTOCOL_VERSION,
+        node_id: NodeId::new("n").unwrap(),
         task_id: TaskId::new("t1").unwrap(),
         attempt: 1,
         runtime: Runtime::Wasm,
@@ -410,6 +424,11 @@ fn oversize_inline_input_is_refused_both_ways() {
         limits: ExecLimits::default(),
         power_level: 0,
         deadline_unix_ms: None,
+        grants: Grants::default(),
+        publisher: None,
+        issued_unix_ms: 0,
+        expires_unix_ms: 0,
+        signature: Vec::new(),
     };
     assert!(matches!(encode(&a), Err(EncodeError::Invalid { .. })));
     let bytes = serde_cbor::to_vec(&a).unwrap();
@@ -459,4 +478,88 @@ fn too_many_labels_are_refused() {
         decode::<Capability>(&bytes),
         Err(DecodeError::Invalid { .. })
     ));
+}
+
+fn signed_assignment() -> Assignment {
+    Assignment {
+        v: PROTOCOL_VERSION,
+        node_id: NodeId::new("pi-1").unwrap(),
+        task_id: TaskId::new("t1").unwrap(),
+        attempt: 2,
+        runtime: Runtime::Wasm,
+        artifact: Digest([3; 32]),
+        artifact_url: hs("http://x"),
+        args: heapless::Vec::new(),
+        input: b"in".to_vec(),
+        limits: ExecLimits::default(),
+        power_level: 1,
+        deadline_unix_ms: None,
+        grants: Grants::default(),
+        publisher: None,
+        issued_unix_ms: 1_000,
+        expires_unix_ms: 61_000,
+        signature: vec![5; 64],
+    }
+}
+
+#[test]
+fn signed_bytes_ignore_the_signature_and_cover_everything_else() {
+    let a = signed_assignment();
+    let mut b = a.clone();
+    b.signature = vec![6; 64];
+    assert_eq!(a.signed_bytes().unwrap(), b.signed_bytes().unwrap());
+    // Decoding and re-encoding gives the verifier the signer's bytes.
+    let decoded: Assignment = decode(&encode(&a).unwrap()).unwrap();
+    assert_eq!(decoded.signed_bytes().unwrap(), a.signed_bytes().unwrap());
+    for change in [
+        |a: &mut Assignment| a.attempt += 1,
+        |a: &mut Assignment| a.node_id = NodeId::new("pi-2").unwrap(),
+        |a: &mut Assignment| a.expires_unix_ms += 1,
+        |a: &mut Assignment| a.grants.clock = true,
+        |a: &mut Assignment| a.input.push(0),
+    ] {
+        let mut c = a.clone();
+        change(&mut c);
+        assert_ne!(c.signed_bytes().unwrap(), a.signed_bytes().unwrap());
+    }
+}
+
+#[test]
+fn signatures_and_publisher_keys_of_the_wrong_size_are_refused() {
+    let mut a = signed_assignment();
+    a.signature = vec![5; 63];
+    assert!(matches!(encode(&a), Err(EncodeError::Invalid { .. })));
+    let bytes = serde_cbor::to_vec(&a).unwrap();
+    assert!(matches!(
+        decode::<Assignment>(&bytes),
+        Err(DecodeError::Invalid { .. })
+    ));
+    a.signature = Vec::new();
+    a.publisher = Some(PublisherSignature {
+        key: vec![1; 31],
+        signature: vec![2; 64],
+    });
+    assert!(matches!(encode(&a), Err(EncodeError::Invalid { .. })));
+}
+
+#[test]
+fn event_acks_round_trip_on_their_own_channel() {
+    let ack = EventAck {
+        v: PROTOCOL_VERSION,
+        task_id: TaskId::new("t1").unwrap(),
+        attempt: 3,
+        state: TaskState::Rejected,
+    };
+    assert_eq!(decode::<EventAck>(&encode(&ack).unwrap()).unwrap(), ack);
+    assert!(TaskState::Rejected.is_terminal());
+    let topics = Topics::default();
+    let node = NodeId::new("pi-1").unwrap();
+    assert_eq!(
+        topics.node(&node, Channel::Ack),
+        "starling/v1/nodes/pi-1/ack"
+    );
+    assert_eq!(
+        topics.parse("starling/v1/nodes/pi-1/ack"),
+        Some((node, Channel::Ack))
+    );
 }

@@ -5,7 +5,8 @@
 
 use libfuzzer_sys::fuzz_target;
 use starling_proto::{
-    decode, encode, Assignment, Cancel, Capability, Message, Status, TaskEvent, Telemetry,
+    decode, encode, Assignment, Cancel, Capability, EventAck, Message, Status, TaskEvent,
+    Telemetry,
 };
 
 fn round_trip<M: Message>(data: &[u8]) {
@@ -23,4 +24,5 @@ fuzz_target!(|data: &[u8]| {
     round_trip::<Assignment>(data);
     round_trip::<Cancel>(data);
     round_trip::<TaskEvent>(data);
+    round_trip::<EventAck>(data);
 });
