@@ -131,7 +131,7 @@ fn main() {
 
     // The whole path: embedded broker, SQLite, one agent, the CLI as a user runs it.
     let coordinator = Coordinator::start(None, Store::Sqlite, &[]);
-    let _agent = Agent::start(&coordinator.mqtt, "bench", "");
+    let _agent = Agent::start(&coordinator, &coordinator.mqtt, "bench", "");
     coordinator.wait_for_nodes(1, Duration::from_secs(60));
     let dir = tempfile::tempdir().unwrap();
     let input_file = dir.path().join("ab.f32");

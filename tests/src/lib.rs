@@ -101,7 +101,13 @@ pub struct Process {
 impl Process {
     fn spawn(name: &str, mut command: Command, dir: &Path) -> Self {
         let log = dir.join(format!("{name}.log"));
-        let file = std::fs::File::create(&log).unwrap();
+        // Appending keeps the log of a process that was killed and started
+        // again in the same directory.
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&log)
+            .unwrap();
         command
             .stdout(Stdio::piped())
             .stderr(file)
@@ -129,6 +135,18 @@ impl Process {
     /// The exit code, once the process has ended.
     pub fn exit_code(&mut self) -> Option<i32> {
         self.child.try_wait().ok().flatten().and_then(|s| s.code())
+    }
+
+    /// The process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Kills the process with SIGKILL, as a power cut or the OOM killer
+    /// would, and reaps it.
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
     }
 
     /// Stops the process with SIGTERM, then SIGKILL after a grace period.
@@ -164,36 +182,54 @@ pub struct Mosquitto {
     pub port: u16,
     process: Process,
     dir: TempDir,
+    ip: [u8; 4],
 }
 
 impl Mosquitto {
     /// Starts `mosquitto` with a private config on a free port.
     pub fn start() -> Self {
+        Self::start_on([127, 0, 0, 1])
+    }
+
+    /// Starts `mosquitto` on a free port of one local address (for agents in
+    /// a network namespace, the host end of their link).
+    pub fn start_on(ip: [u8; 4]) -> Self {
         let dir = TempDir::new().unwrap();
         let port = free_port();
+        let [a, b, c, d] = ip;
+        let host = format!("{a}.{b}.{c}.{d}");
         std::fs::write(
             dir.path().join("mosquitto.conf"),
             format!(
-                "listener {port} 127.0.0.1\nallow_anonymous true\npersistence false\nmax_packet_size 2000000\n"
+                "listener {port} {host}\nallow_anonymous true\npersistence false\nmax_packet_size 2000000\n"
             ),
         )
         .unwrap();
-        let process = Self::spawn(dir.path(), port);
+        let process = Self::spawn(dir.path(), ip, port);
         Self {
-            url: format!("mqtt://127.0.0.1:{port}"),
+            url: format!("mqtt://{host}:{port}"),
             port,
             process,
             dir,
+            ip,
         }
     }
 
     /// Stops the broker and starts a fresh one (it keeps nothing) on the same port.
     pub fn restart(&mut self) {
         self.process.stop();
-        self.process = Self::spawn(self.dir.path(), self.port);
+        self.process = Self::spawn(self.dir.path(), self.ip, self.port);
     }
 
-    fn spawn(dir: &Path, port: u16) -> Process {
+    /// Kills the broker with SIGKILL (it keeps nothing: persistence is off,
+    /// as a broker that had not yet written its queue would be) and starts a
+    /// fresh one on the same port.
+    pub fn kill_and_restart(&mut self) {
+        self.process.kill();
+        self.process = Self::spawn(self.dir.path(), self.ip, self.port);
+    }
+
+    fn spawn(dir: &Path, ip: [u8; 4], port: u16) -> Process {
         let binary = ["/usr/sbin/mosquitto", "/usr/bin/mosquitto"]
             .into_iter()
             .find(|p| Path::new(p).exists())
@@ -201,10 +237,7 @@ impl Mosquitto {
         let mut command = Command::new(binary);
         command.arg("-c").arg(dir.join("mosquitto.conf"));
         let process = Process::spawn("mosquitto", command, dir);
-        wait_for_port(
-            SocketAddr::from(([127, 0, 0, 1], port)),
-            Duration::from_secs(10),
-        );
+        wait_for_port(SocketAddr::from((ip, port)), Duration::from_secs(10));
         process
     }
 }
@@ -217,68 +250,104 @@ pub enum Store {
     Postgres(String),
 }
 
-/// A running `starling-coordinator serve`.
+/// A running `starling-coordinator serve` (or `starling up`).
 pub struct Coordinator {
     /// The REST base URL, `http://127.0.0.1:PORT`.
     pub rest: String,
     /// The MQTT URL agents should use.
     pub mqtt: String,
+    /// The bootstrap admin API token the CLI calls are made with.
+    pub token: String,
     /// The process.
     pub process: Process,
     /// The data dir.
     pub dir: TempDir,
+    program: PathBuf,
+    args: Vec<std::ffi::OsString>,
 }
 
 impl Coordinator {
     /// Starts a coordinator with the embedded broker (`broker: None`) or against
-    /// an external one, with the given store and extra flags.
+    /// an external one, with the given store and extra flags. It listens on
+    /// 127.0.0.1 unless `extra` holds its own `--listen`.
     pub fn start(broker: Option<&str>, store: Store, extra: &[&str]) -> Self {
         let dir = TempDir::new().unwrap();
-        let mut command = Command::new(binary("starling-coordinator"));
-        command
-            .arg("serve")
-            .arg("--listen")
-            .arg("127.0.0.1:0")
-            .arg("--data-dir")
-            .arg(dir.path())
-            .env("RUST_LOG", "info,starling=debug");
+        let token = random_token();
+        let mut args: Vec<std::ffi::OsString> = vec!["serve".into()];
+        if !extra.contains(&"--listen") {
+            args.extend(["--listen".into(), "127.0.0.1:0".into()]);
+        }
+        args.extend([
+            "--data-dir".into(),
+            dir.path().into(),
+            "--api-token".into(),
+            token.clone().into(),
+        ]);
         match broker {
-            Some(url) => {
-                command.arg("--broker").arg(url);
-            }
-            None => {
-                command.arg("--mqtt-listen").arg("127.0.0.1:0");
-            }
+            Some(url) => args.extend(["--broker".into(), url.into()]),
+            None => args.extend(["--mqtt-listen".into(), "127.0.0.1:0".into()]),
         }
         if let Store::Postgres(url) = &store {
-            command.arg("--db").arg(url);
+            args.extend(["--db".into(), url.into()]);
         }
-        command.args(extra);
-        Self::launch(command, dir)
+        args.extend(extra.iter().map(Into::into));
+        Self::launch(binary("starling-coordinator"), args, dir, Some(token))
     }
 
     /// Starts `starling up`: coordinator, embedded broker, SQLite and a local
     /// agent in one process.
     pub fn start_up(extra: &[&str]) -> Self {
         let dir = TempDir::new().unwrap();
-        let mut command = Command::new(binary("starling"));
+        let mut args: Vec<std::ffi::OsString> = vec![
+            "up".into(),
+            "--listen".into(),
+            "127.0.0.1:0".into(),
+            "--mqtt-listen".into(),
+            "127.0.0.1:0".into(),
+            "--data-dir".into(),
+            dir.path().into(),
+        ];
+        args.extend(extra.iter().map(Into::into));
+        Self::launch(binary("starling"), args, dir, None)
+    }
+
+    fn command(program: &Path, args: &[std::ffi::OsString]) -> Command {
+        let mut command = Command::new(program);
         command
-            .arg("up")
-            .arg("--listen")
-            .arg("127.0.0.1:0")
-            .arg("--mqtt-listen")
-            .arg("127.0.0.1:0")
-            .arg("--data-dir")
-            .arg(dir.path())
-            .args(extra)
-            .env("RUST_LOG", "info,starling=debug");
-        Self::launch(command, dir)
+            .args(args)
+            .env("RUST_LOG", "info,starling=debug")
+            .env_remove("STARLING_URL")
+            .env_remove("STARLING_API_TOKEN");
+        command
     }
 
     /// Spawns the process and waits for its ready line.
-    fn launch(mut command: Command, dir: TempDir) -> Self {
-        command.env_remove("STARLING_URL");
-        let mut process = Process::spawn("coordinator", command, dir.path());
+    fn launch(
+        program: PathBuf,
+        args: Vec<std::ffi::OsString>,
+        dir: TempDir,
+        token: Option<String>,
+    ) -> Self {
+        let process = Process::spawn("coordinator", Self::command(&program, &args), dir.path());
+        let (process, rest, mqtt) = Self::ready(process);
+        // `starling up` makes its own admin token and says where it is.
+        let token = token.unwrap_or_else(|| {
+            std::fs::read_to_string(dir.path().join("admin.token"))
+                .map(|t| t.trim().to_string())
+                .unwrap_or_default()
+        });
+        Self {
+            rest,
+            mqtt,
+            token,
+            process,
+            dir,
+            program,
+            args,
+        }
+    }
+
+    fn ready(mut process: Process) -> (Process, String, String) {
         let stdout = process.child.stdout.take().unwrap();
         let (tx, rx) = mpsc::channel();
         std::thread::spawn(move || {
@@ -298,17 +367,107 @@ impl Coordinator {
                 .unwrap_or_else(|| panic!("no {key} in {line:?}"))
                 .to_string()
         };
-        Self {
-            rest: field("rest="),
-            mqtt: field("mqtt="),
-            process,
+        let (rest, mqtt) = (field("rest="), field("mqtt="));
+        (process, rest, mqtt)
+    }
+
+    /// Kills the coordinator with SIGKILL and starts it again on the same data
+    /// directory, store and flags (its REST port may change; `rest` follows).
+    pub fn kill_and_restart(&mut self) {
+        self.process.kill();
+        let process = Process::spawn(
+            "coordinator",
+            Self::command(&self.program, &self.args),
+            self.dir.path(),
+        );
+        let (process, rest, mqtt) = Self::ready(process);
+        self.process = process;
+        self.rest = rest;
+        self.mqtt = mqtt;
+    }
+
+    /// Runs the `starling` CLI against this coordinator, as its admin.
+    pub fn cli(&self, args: &[&str], stdin: Option<&[u8]>) -> Output {
+        cli_with_token(&self.rest, Some(&self.token), args, stdin)
+    }
+
+    /// A task as `starling task ID --json` shows it.
+    pub fn task(&self, id: &str) -> serde_json::Value {
+        let out = self.cli(&["task", id, "--json"], None);
+        assert!(
+            out.status.success(),
+            "starling task {id}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        serde_json::from_slice(&out.stdout).unwrap()
+    }
+
+    /// Publishes a [`modules::spin`] module and returns its digest.
+    pub fn publish_spin(&self, dir: &Path, iterations: u64) -> String {
+        let module = wasm_file(
             dir,
+            &format!("spin{iterations}"),
+            &modules::spin(iterations),
+        );
+        let out = self.cli(&["publish", module.to_str().unwrap()], None);
+        assert!(
+            out.status.success(),
+            "publish: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).trim().to_string()
+    }
+
+    /// Submits one task by digest with `input` on stdin (60 s limit); its id
+    /// when the coordinator accepted it, `None` when it could not.
+    pub fn submit(&self, digest: &str, input: &str) -> Option<String> {
+        let out = self.cli(
+            &["run", digest, "--input", "-", "--timeout", "60s"],
+            Some(input.as_bytes()),
+        );
+        out.status
+            .success()
+            .then(|| String::from_utf8_lossy(&out.stdout).trim().to_string())
+    }
+
+    /// Polls a task until `done` holds for it; panics with the task and the
+    /// coordinator's log after `timeout`.
+    pub fn wait_task(
+        &self,
+        id: &str,
+        timeout: Duration,
+        what: &str,
+        done: impl Fn(&serde_json::Value) -> bool,
+    ) -> serde_json::Value {
+        let start = Instant::now();
+        loop {
+            let task = self.task(id);
+            if done(&task) {
+                return task;
+            }
+            assert!(
+                start.elapsed() < timeout,
+                "task {id} not {what} after {timeout:?}: {task:#}\n{}",
+                self.process.log()
+            );
+            std::thread::sleep(Duration::from_millis(50));
         }
     }
 
-    /// Runs the `starling` CLI against this coordinator.
-    pub fn cli(&self, args: &[&str], stdin: Option<&[u8]>) -> Output {
-        cli(&self.rest, args, stdin)
+    /// Creates a single-use join token for one agent (`starling token create`).
+    pub fn join_token(&self) -> String {
+        let out = self.cli(&["token", "create", "--json"], None);
+        assert!(
+            out.status.success(),
+            "starling token create: {}\n{}",
+            String::from_utf8_lossy(&out.stderr),
+            self.process.log()
+        );
+        let value: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        value["token"]
+            .as_str()
+            .unwrap_or_else(|| panic!("no token in {value}"))
+            .to_string()
     }
 
     /// Waits until the coordinator lists `count` online nodes.
@@ -340,13 +499,43 @@ impl Coordinator {
     }
 }
 
-/// Runs the `starling` CLI with `--coordinator URL`.
+/// A random hex token for tests.
+pub fn random_token() -> String {
+    use std::hash::{BuildHasher, Hasher};
+    let mut out = String::new();
+    for _ in 0..4 {
+        let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
+        hasher.write_u128(
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap()
+                .as_nanos(),
+        );
+        out.push_str(&format!("{:016x}", hasher.finish()));
+    }
+    out
+}
+
+/// Runs the `starling` CLI with `--coordinator URL` and no token.
 pub fn cli(rest: &str, args: &[&str], stdin: Option<&[u8]>) -> Output {
+    cli_with_token(rest, None, args, stdin)
+}
+
+/// Runs the `starling` CLI with `--coordinator URL` and, if given, `--token`.
+pub fn cli_with_token(
+    rest: &str,
+    token: Option<&str>,
+    args: &[&str],
+    stdin: Option<&[u8]>,
+) -> Output {
     use std::io::Write;
     let mut command = Command::new(binary("starling"));
+    command.arg("--coordinator").arg(rest);
+    if let Some(token) = token {
+        command.arg("--token").arg(token);
+    }
     command
-        .arg("--coordinator")
-        .arg(rest)
+        .env_remove("STARLING_API_TOKEN")
         .args(args)
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -363,41 +552,213 @@ pub fn cli(rest: &str, args: &[&str], stdin: Option<&[u8]>) -> Output {
     child.wait_with_output().unwrap()
 }
 
-/// A running `starling-agent run`.
+/// A running `starling-agent run`, enrolled with its coordinator.
 pub struct Agent {
     /// Its node id.
     pub node_id: String,
     /// The process.
     pub process: Process,
-    /// Its data dir.
+    /// Its data dir (journal, credentials, module cache).
     pub dir: TempDir,
+    netns: Option<String>,
+    args: Vec<std::ffi::OsString>,
 }
 
 impl Agent {
-    /// Starts an agent against `broker` with a fixed node id.
-    pub fn start(broker: &str, node_id: &str, labels: &str) -> Self {
+    /// Starts an agent against `broker` with a fixed node id, enrolled with a
+    /// fresh join token from `coordinator`.
+    pub fn start(coordinator: &Coordinator, broker: &str, node_id: &str, labels: &str) -> Self {
+        Self::start_with(coordinator, broker, node_id, labels, None, &[])
+    }
+
+    /// Starts an agent, optionally inside a network namespace, with extra flags.
+    pub fn start_with(
+        coordinator: &Coordinator,
+        broker: &str,
+        node_id: &str,
+        labels: &str,
+        netns: Option<&NetNs>,
+        extra: &[&str],
+    ) -> Self {
         let dir = TempDir::new().unwrap();
-        let mut command = Command::new(binary("starling-agent"));
-        command
-            .arg("run")
-            .arg("--broker")
-            .arg(broker)
-            .arg("--node-id")
-            .arg(node_id)
-            .arg("--data-dir")
-            .arg(dir.path())
-            .arg("--telemetry-interval")
-            .arg("500ms")
-            .env("RUST_LOG", "info,starling=debug");
+        let rest = match netns {
+            Some(ns) => coordinator.rest.replace("127.0.0.1", &ns.host_ip()),
+            None => coordinator.rest.clone(),
+        };
+        let mut args: Vec<std::ffi::OsString> = vec![
+            "run".into(),
+            "--broker".into(),
+            broker.into(),
+            "--node-id".into(),
+            node_id.into(),
+            "--data-dir".into(),
+            dir.path().into(),
+            "--telemetry-interval".into(),
+            "500ms".into(),
+            "--coordinator-url".into(),
+            rest.into(),
+            "--join-token".into(),
+            coordinator.join_token().into(),
+        ];
         if !labels.is_empty() {
-            command.arg("--labels").arg(labels);
+            args.extend(["--labels".into(), labels.into()]);
         }
-        let process = Process::spawn(&format!("agent-{node_id}"), command, dir.path());
+        args.extend(extra.iter().map(Into::into));
+        let netns = netns.map(|ns| ns.name.clone());
+        let process = Self::spawn(node_id, netns.as_deref(), &args, dir.path());
         Self {
             node_id: node_id.to_string(),
             process,
             dir,
+            netns,
+            args,
         }
+    }
+
+    fn spawn(
+        node_id: &str,
+        netns: Option<&str>,
+        args: &[std::ffi::OsString],
+        dir: &Path,
+    ) -> Process {
+        let binary = binary("starling-agent");
+        let mut command = match netns {
+            Some(ns) => {
+                let mut command = Command::new("ip");
+                command.args(["netns", "exec", ns]).arg(binary);
+                command
+            }
+            None => Command::new(binary),
+        };
+        command.args(args).env("RUST_LOG", "info,starling=debug");
+        Process::spawn(&format!("agent-{node_id}"), command, dir)
+    }
+
+    /// Kills the agent with SIGKILL, as a power cut would.
+    pub fn kill(&mut self) {
+        self.process.kill();
+    }
+
+    /// Starts the agent again on the same data directory (its journal and
+    /// credentials), as a device does after a reboot.
+    pub fn restart(&mut self) {
+        self.process.kill();
+        self.process = Self::spawn(
+            &self.node_id,
+            self.netns.as_deref(),
+            &self.args,
+            self.dir.path(),
+        );
+    }
+}
+
+/// A network namespace joined to the host by a veth pair, for agents whose
+/// link the tests cut and restore. Deleted on drop.
+pub struct NetNs {
+    /// The namespace's name.
+    pub name: String,
+    host_if: String,
+    subnet: u8,
+}
+
+impl NetNs {
+    /// Creates `stn<pid><n>` with `10.231.<subnet>.2/24` inside and
+    /// `10.231.<subnet>.1/24` on the host end.
+    pub fn create() -> Self {
+        static COUNTER: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new(0);
+        let n = COUNTER.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        // A subnet per namespace and process, so parallel tests do not clash.
+        let subnet = ((std::process::id() % 50) as u8) * 5 + n % 5 + 1;
+        let name = format!("stn{}x{n}", std::process::id());
+        let host_if = format!("sth{}x{n}", std::process::id() % 100_000);
+        let ns_if = format!("stc{}x{n}", std::process::id() % 100_000);
+        let _ = run_ip(&["netns", "del", &name]);
+        run_ip(&["netns", "add", &name]).unwrap();
+        let ns = Self {
+            name: name.clone(),
+            host_if: host_if.clone(),
+            subnet,
+        };
+        run_ip(&[
+            "link", "add", &host_if, "type", "veth", "peer", "name", &ns_if, "netns", &name,
+        ])
+        .unwrap();
+        run_ip(&[
+            "addr",
+            "add",
+            &format!("10.231.{subnet}.1/24"),
+            "dev",
+            &host_if,
+        ])
+        .unwrap();
+        run_ip(&["link", "set", &host_if, "up"]).unwrap();
+        for args in [
+            vec![
+                "addr",
+                "add",
+                &format!("10.231.{subnet}.2/24"),
+                "dev",
+                &ns_if,
+            ],
+            vec!["link", "set", &ns_if, "up"],
+            vec!["link", "set", "lo", "up"],
+        ] {
+            let mut full = vec!["netns", "exec", &name, "ip"];
+            full.extend(args.iter().map(|s| s.as_ref()));
+            run_ip(&full).unwrap();
+        }
+        ns
+    }
+
+    /// Whether this machine can make network namespaces (root and iproute2).
+    pub fn available() -> bool {
+        let ok = run_ip(&["netns", "add", "starling-probe"]).is_ok();
+        let _ = run_ip(&["netns", "del", "starling-probe"]);
+        ok
+    }
+
+    /// The host end's address, where a broker or coordinator for the
+    /// namespace's agents listens.
+    pub fn host_ip(&self) -> String {
+        format!("10.231.{}.1", self.subnet)
+    }
+
+    /// The host end's address as octets.
+    pub fn host_octets(&self) -> [u8; 4] {
+        [10, 231, self.subnet, 1]
+    }
+
+    /// Cuts the link: no packet passes either way, and nobody is told (no
+    /// FIN, no RST), as when a cable is pulled or a radio link drops.
+    pub fn cut(&self) {
+        run_ip(&["link", "set", &self.host_if, "down"]).unwrap();
+    }
+
+    /// Restores the link.
+    pub fn restore(&self) {
+        run_ip(&["link", "set", &self.host_if, "up"]).unwrap();
+    }
+}
+
+impl Drop for NetNs {
+    fn drop(&mut self) {
+        let _ = run_ip(&["link", "del", &self.host_if]);
+        let _ = run_ip(&["netns", "del", &self.name]);
+    }
+}
+
+fn run_ip(args: &[&str]) -> Result<(), String> {
+    let out = Command::new("ip")
+        .args(args)
+        .output()
+        .map_err(|e| format!("ip {args:?}: {e}"))?;
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(format!(
+            "ip {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        ))
     }
 }
 
@@ -561,6 +922,44 @@ pub mod reference {
 
 /// WAT modules with known behaviour, for the tests.
 pub mod modules {
+    /// About a second of [`spin`] on one core of this class of machine; tests
+    /// use multiples of it and never depend on the exact time.
+    pub const SPIN_SECOND: u64 = 1_000_000_000;
+
+    /// Spins `iterations` times, then prints `done:` and its stdin: a task that
+    /// is still running when a test's fault strikes, with an output that names
+    /// its input.
+    pub fn spin(iterations: u64) -> String {
+        format!(
+            r#"
+(module
+  (import "wasi_snapshot_preview1" "fd_read" (func $fd_read (param i32 i32 i32 i32) (result i32)))
+  (import "wasi_snapshot_preview1" "fd_write" (func $fd_write (param i32 i32 i32 i32) (result i32)))
+  (memory (export "memory") 2)
+  (data (i32.const 0) "done:")
+  (func (export "_start")
+    (local $i i64)
+    (local $n i32)
+    (loop $spin
+      (local.set $i (i64.add (local.get $i) (i64.const 1)))
+      (br_if $spin (i64.lt_u (local.get $i) (i64.const {iterations}))))
+    (i32.store (i32.const 1000) (i32.const 0))
+    (i32.store (i32.const 1004) (i32.const 5))
+    (drop (call $fd_write (i32.const 1) (i32.const 1000) (i32.const 1) (i32.const 1008)))
+    (block $done
+      (loop $again
+        (i32.store (i32.const 1000) (i32.const 2048))
+        (i32.store (i32.const 1004) (i32.const 4096))
+        (br_if $done (call $fd_read (i32.const 0) (i32.const 1000) (i32.const 1) (i32.const 1008)))
+        (local.set $n (i32.load (i32.const 1008)))
+        (br_if $done (i32.eqz (local.get $n)))
+        (i32.store (i32.const 1004) (local.get $n))
+        (drop (call $fd_write (i32.const 1) (i32.const 1000) (i32.const 1) (i32.const 1008)))
+        (br $again)))))
+"#
+        )
+    }
+
     /// Copies stdin to stdout, prefixed with `echo:`.
     pub const ECHO: &str = r#"
 (module

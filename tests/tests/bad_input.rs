@@ -1,6 +1,6 @@
 //! Bad input ends in a clear failed event or HTTP error, and both the agent and
-//! the coordinator keep serving: malformed CBOR on every topic, an assignment
-//! for an unknown digest, a module that loops forever, one that grows memory
+//! the coordinator keep serving: malformed CBOR on every topic, an unsigned
+//! assignment, a module that loops forever, one that grows memory
 //! without end, one that writes unbounded output, an upload that is not wasm.
 #![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
 
@@ -64,7 +64,7 @@ fn run_limited(coordinator: &Coordinator, module: &std::path::Path) -> serde_jso
 fn bad_input_fails_clearly_and_everything_keeps_serving() {
     let broker = Mosquitto::start();
     let mut coordinator = Coordinator::start(Some(&broker.url), Store::Sqlite, &[]);
-    let mut agent = Agent::start(&broker.url, "victim", "");
+    let mut agent = Agent::start(&coordinator, &broker.url, "victim", "");
     coordinator.wait_for_nodes(1, Duration::from_secs(30));
     let dir = tempfile::tempdir().unwrap();
     let topics = Topics::default();
@@ -82,11 +82,17 @@ fn bad_input_fails_clearly_and_everything_keeps_serving() {
         }
     }
 
-    // An assignment for a digest nobody has: the agent reports fetch_failed.
+    // An unsigned assignment, as anyone on the network could publish: the
+    // agent refuses it without fetching or running anything, and says so.
     let task_id = TaskId::new("bogus-digest-task").unwrap();
     let digest = Digest([0xab; 32]);
+    let now_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64;
     let assignment = Assignment {
         v: starling_proto::PROTOCOL_VERSION,
+        node_id: node.clone(),
         task_id: task_id.clone(),
         attempt: 1,
         runtime: Runtime::Wasm,
@@ -100,6 +106,11 @@ fn bad_input_fails_clearly_and_everything_keeps_serving() {
         limits: ExecLimits::default(),
         power_level: 0,
         deadline_unix_ms: None,
+        grants: Default::default(),
+        publisher: None,
+        issued_unix_ms: now_ms,
+        expires_unix_ms: now_ms + 60_000,
+        signature: Vec::new(),
     };
     let events = Command::new("mosquitto_sub")
         .args(["-h", "127.0.0.1", "-p", &broker.port.to_string()])
@@ -111,7 +122,7 @@ fn bad_input_fails_clearly_and_everything_keeps_serving() {
             "-W",
             "20",
             "-C",
-            "2",
+            "1",
         ])
         .stdout(std::process::Stdio::piped())
         .spawn()
@@ -133,14 +144,14 @@ fn bad_input_fails_clearly_and_everything_keeps_serving() {
             starling_proto::decode(&bytes).unwrap()
         })
         .collect();
-    let failed = states
+    let rejected = states
         .iter()
-        .find(|e| e.state == starling_proto::TaskState::Failed)
-        .unwrap_or_else(|| panic!("no failed event: {states:?}\n{}", agent.process.log()));
-    assert_eq!(failed.task_id, task_id);
-    assert_eq!(
-        failed.reason,
-        Some(starling_proto::FailureReason::FetchFailed)
+        .find(|e| e.state == starling_proto::TaskState::Rejected)
+        .unwrap_or_else(|| panic!("no rejected event: {states:?}\n{}", agent.process.log()));
+    assert_eq!(rejected.task_id, task_id);
+    assert!(
+        rejected.message.as_ref().is_some_and(|m| !m.is_empty()),
+        "a refusal says why: {rejected:?}"
     );
 
     // Modules that misbehave end in failed tasks with the matching reason.

@@ -67,8 +67,8 @@ fn run_many(coordinator: &Coordinator, dir: &std::path::Path, count: usize) -> V
 fn two_agents_over_mosquitto_with_sqlite() {
     let broker = Mosquitto::start();
     let coordinator = Coordinator::start(Some(&broker.url), Store::Sqlite, &[]);
-    let _a = Agent::start(&broker.url, "edge-a", "zone=lab");
-    let _b = Agent::start(&broker.url, "edge-b", "zone=field");
+    let _a = Agent::start(&coordinator, &broker.url, "edge-a", "zone=lab");
+    let _b = Agent::start(&coordinator, &broker.url, "edge-b", "zone=field");
     coordinator.wait_for_nodes(2, Duration::from_secs(30));
     let dir = tempfile::tempdir().unwrap();
     run_echo(&coordinator, dir.path(), "hello over mosquitto");
@@ -82,8 +82,8 @@ fn two_agents_over_mosquitto_with_sqlite() {
 #[test]
 fn two_agents_over_the_embedded_broker() {
     let coordinator = Coordinator::start(None, Store::Sqlite, &[]);
-    let _a = Agent::start(&coordinator.mqtt, "embedded-a", "");
-    let _b = Agent::start(&coordinator.mqtt, "embedded-b", "");
+    let _a = Agent::start(&coordinator, &coordinator.mqtt, "embedded-a", "");
+    let _b = Agent::start(&coordinator, &coordinator.mqtt, "embedded-b", "");
     coordinator.wait_for_nodes(2, Duration::from_secs(30));
     let dir = tempfile::tempdir().unwrap();
     run_echo(&coordinator, dir.path(), "hello over rumqttd");
@@ -94,8 +94,8 @@ fn two_agents_with_the_postgres_store() {
     let db = PostgresDb::create();
     let broker = Mosquitto::start();
     let coordinator = Coordinator::start(Some(&broker.url), Store::Postgres(db.url.clone()), &[]);
-    let _a = Agent::start(&broker.url, "pg-a", "");
-    let _b = Agent::start(&broker.url, "pg-b", "");
+    let _a = Agent::start(&coordinator, &broker.url, "pg-a", "");
+    let _b = Agent::start(&coordinator, &broker.url, "pg-b", "");
     coordinator.wait_for_nodes(2, Duration::from_secs(30));
     let dir = tempfile::tempdir().unwrap();
     run_echo(&coordinator, dir.path(), "hello with postgres");

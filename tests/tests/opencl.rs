@@ -17,7 +17,7 @@ use starling_tests::{
 fn cluster() -> (Mosquitto, Coordinator, Agent, serde_json::Value) {
     let broker = Mosquitto::start();
     let coordinator = Coordinator::start(Some(&broker.url), Store::Sqlite, &[]);
-    let agent = Agent::start(&broker.url, "gpu-node", "");
+    let agent = Agent::start(&coordinator, &broker.url, "gpu-node", "");
     coordinator.wait_for_nodes(1, Duration::from_secs(60));
     let out = coordinator.cli(&["node", "gpu-node"], None);
     assert!(
@@ -157,7 +157,7 @@ fn bad_kernels_fail_clearly_and_the_agent_keeps_serving() {
             "args": [{"name": "y", "kind": "inout", "type": "float", "len": "4"}]
         }
     });
-    let (status, body) = post_artifact(&coordinator.rest, package.to_string().into_bytes());
+    let (status, body) = post_artifact(&coordinator, package.to_string().into_bytes());
     assert_eq!(status, 400, "{body}");
     assert_eq!(body["error"], "invalid_kernel", "{body}");
     assert!(
@@ -258,14 +258,15 @@ fn bad_kernels_fail_clearly_and_the_agent_keeps_serving() {
 }
 
 /// POSTs raw bytes to `/api/v1/artifacts`, returning the status and JSON body.
-fn post_artifact(rest: &str, bytes: Vec<u8>) -> (u16, serde_json::Value) {
+fn post_artifact(coordinator: &Coordinator, bytes: Vec<u8>) -> (u16, serde_json::Value) {
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .unwrap();
     runtime.block_on(async {
         let response = reqwest::Client::new()
-            .post(format!("{rest}/api/v1/artifacts"))
+            .post(format!("{}/api/v1/artifacts", coordinator.rest))
+            .bearer_auth(&coordinator.token)
             .header("content-type", "application/vnd.starling.opencl+json")
             .body(bytes)
             .send()

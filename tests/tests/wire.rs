@@ -29,8 +29,8 @@ fn hex_decode(s: &str) -> Vec<u8> {
 fn a_plain_mqtt_client_reads_every_capability() {
     let broker = Mosquitto::start();
     let coordinator = Coordinator::start(Some(&broker.url), Store::Sqlite, &[]);
-    let _a = Agent::start(&broker.url, "wire-a", "zone=lab");
-    let _b = Agent::start(&broker.url, "wire-b", "");
+    let _a = Agent::start(&coordinator, &broker.url, "wire-a", "zone=lab");
+    let _b = Agent::start(&coordinator, &broker.url, "wire-b", "");
     coordinator.wait_for_nodes(2, Duration::from_secs(30));
 
     // Capabilities are retained: a subscriber arriving now still gets both.

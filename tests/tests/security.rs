@@ -1,0 +1,269 @@
+//! Nobody let in, end to end: assignments an attacker on the network forges,
+//! replays or redirects are refused by the agent and reported, and change
+//! nothing at the coordinator; the embedded broker refuses clients without
+//! credentials; REST calls without a token, or with too low a role, are
+//! refused and change nothing.
+#![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
+
+use std::process::{Command, Stdio};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use ed25519_dalek::{Signer, SigningKey};
+use starling_proto::{decode, encode, Assignment, Channel, NodeId, TaskEvent, TaskState, Topics};
+use starling_tests::{
+    cli, cli_with_token, modules, wasm_file, Agent, Coordinator, Mosquitto, Store,
+};
+
+fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64
+}
+
+fn hex_decode(s: &str) -> Vec<u8> {
+    (0..s.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(&s[i..i + 2], 16).unwrap())
+        .collect()
+}
+
+/// Starts `mosquitto_sub` on one topic, printing `TOPIC HEX` per message.
+fn sniff(port: u16, topic: &str, count: usize) -> std::process::Child {
+    let child = Command::new("mosquitto_sub")
+        .args(["-h", "127.0.0.1", "-p", &port.to_string(), "-q", "1"])
+        .args([
+            "-t",
+            topic,
+            "-F",
+            "%t %x",
+            "-W",
+            "60",
+            "-C",
+            &count.to_string(),
+        ])
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("mosquitto_sub is installed");
+    // Give it time to subscribe before anything is published.
+    std::thread::sleep(Duration::from_millis(500));
+    child
+}
+
+fn sniffed(child: std::process::Child) -> Vec<(String, Vec<u8>)> {
+    let out = child.wait_with_output().unwrap();
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|line| line.split_once(' '))
+        .map(|(topic, hex)| (topic.to_string(), hex_decode(hex)))
+        .collect()
+}
+
+fn publish(port: u16, topic: &str, payload: &[u8]) {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("payload");
+    std::fs::write(&file, payload).unwrap();
+    let status = Command::new("mosquitto_pub")
+        .args(["-h", "127.0.0.1", "-p", &port.to_string(), "-q", "1"])
+        .args(["-t", topic, "-f"])
+        .arg(&file)
+        .status()
+        .unwrap();
+    assert!(status.success());
+}
+
+/// Publishes `assignment` to `node`'s assign topic and returns the event the
+/// agent answers with.
+fn answer(port: u16, node: &NodeId, payload: &[u8]) -> TaskEvent {
+    let topics = Topics::default();
+    let events = sniff(port, &topics.node(node, Channel::Events), 1);
+    publish(port, &topics.node(node, Channel::Assign), payload);
+    let got = sniffed(events);
+    assert_eq!(got.len(), 1, "no answer from {node}");
+    decode(&got[0].1).unwrap()
+}
+
+#[test]
+fn forged_replayed_redirected_and_expired_assignments_are_refused_and_reported() {
+    let broker = Mosquitto::start();
+    // Short-lived assignments, so a captured one expires within the test.
+    let coordinator = Coordinator::start(
+        Some(&broker.url),
+        Store::Sqlite,
+        &["--assignment-ttl", "3s"],
+    );
+    let _a = Agent::start(&coordinator, &broker.url, "guard-a", "");
+    coordinator.wait_for_nodes(1, Duration::from_secs(60));
+    let _b = Agent::start(&coordinator, &broker.url, "guard-b", "");
+    coordinator.wait_for_nodes(2, Duration::from_secs(60));
+    let dir = tempfile::tempdir().unwrap();
+    let echo = wasm_file(dir.path(), "echo", modules::ECHO);
+
+    // An eavesdropper records a genuine assignment on its way to an agent.
+    let capture = sniff(broker.port, "starling/v1/nodes/+/assign", 1);
+    let out = coordinator.cli(
+        &[
+            "run",
+            echo.to_str().unwrap(),
+            "--input",
+            "-",
+            "--wait",
+            "--json",
+        ],
+        Some(b"genuine"),
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let task: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(task["output_text"], "echo:genuine");
+    let id = task["id"].as_str().unwrap().to_string();
+    let (topic, genuine_bytes) = sniffed(capture).pop().unwrap();
+    let genuine: Assignment = decode(&genuine_bytes).unwrap();
+    assert_eq!(genuine.task_id.as_str(), id);
+    assert_eq!(genuine.signature.len(), 64, "assignments are signed");
+    let owner = genuine.node_id.clone();
+    let other = NodeId::new(if owner.as_str() == "guard-a" {
+        "guard-b"
+    } else {
+        "guard-a"
+    })
+    .unwrap();
+    assert!(topic.contains(owner.as_str()));
+
+    // Redirected: the genuine bytes, still valid, sent to another node.
+    let event = answer(broker.port, &other, &genuine_bytes);
+    assert_eq!(event.state, TaskState::Rejected, "{event:?}");
+
+    // Forged: a new attempt signed with a key the agents never pinned.
+    let mut forged = genuine.clone();
+    forged.attempt += 5;
+    forged.input = b"evil".to_vec();
+    forged.issued_unix_ms = now_ms();
+    forged.expires_unix_ms = now_ms() + 60_000;
+    let attacker = SigningKey::from_bytes(&[7; 32]);
+    forged.signature = attacker
+        .sign(&forged.signed_bytes().unwrap())
+        .to_bytes()
+        .to_vec();
+    let event = answer(broker.port, &owner, &encode(&forged).unwrap());
+    assert_eq!(event.state, TaskState::Rejected, "{event:?}");
+    assert_eq!(event.attempt, forged.attempt);
+
+    // Tampered: the genuine signature over changed content.
+    let mut tampered = genuine.clone();
+    tampered.attempt += 6;
+    let event = answer(broker.port, &owner, &encode(&tampered).unwrap());
+    assert_eq!(event.state, TaskState::Rejected, "{event:?}");
+
+    // Replayed after its window: the genuine bytes, once expired, for a fresh
+    // attempt number the agent has never seen (so it cannot be a redelivery).
+    let wait = genuine.expires_unix_ms.saturating_sub(now_ms()) + 500;
+    std::thread::sleep(Duration::from_millis(wait));
+    let event = answer(broker.port, &owner, &genuine_bytes);
+    // The agent remembers this attempt: it answers with its old result
+    // rather than running it again, or refuses it as expired. Never a rerun.
+    assert!(
+        matches!(event.state, TaskState::Succeeded | TaskState::Rejected),
+        "{event:?}"
+    );
+
+    // None of it changed the task: still succeeded once, on its own output.
+    let after = coordinator.task(&id);
+    assert_eq!(after["state"], "succeeded", "{after:#}");
+    assert_eq!(after["attempt"], task["attempt"]);
+    assert_eq!(after["output_text"], "echo:genuine");
+    let rejected = after["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["state"] == "rejected")
+        .count();
+    assert!(
+        rejected >= 2,
+        "refusals are reported and kept as history: {after:#}"
+    );
+}
+
+#[test]
+fn the_embedded_broker_refuses_clients_without_credentials() {
+    let coordinator = Coordinator::start(None, Store::Sqlite, &[]);
+    let port = coordinator.mqtt.rsplit(':').next().unwrap().to_string();
+    for credentials in [vec![], vec!["-u", "intruder", "-P", "guess"]] {
+        let out = Command::new("mosquitto_sub")
+            .args(["-h", "127.0.0.1", "-p", &port, "-t", "starling/v1/#"])
+            .args(["-C", "1", "-W", "3"])
+            .args(&credentials)
+            .output()
+            .unwrap();
+        assert!(
+            !out.status.success(),
+            "connected with {credentials:?}: {}",
+            String::from_utf8_lossy(&out.stdout)
+        );
+    }
+    // An enrolled agent gets in.
+    let _agent = Agent::start(&coordinator, &coordinator.mqtt, "member", "");
+    coordinator.wait_for_nodes(1, Duration::from_secs(60));
+}
+
+#[test]
+fn rest_calls_without_a_token_or_with_a_low_role_are_refused_and_change_nothing() {
+    let coordinator = Coordinator::start(None, Store::Sqlite, &[]);
+    let dir = tempfile::tempdir().unwrap();
+    let echo = wasm_file(dir.path(), "echo", modules::ECHO);
+    let count = || {
+        let out = coordinator.cli(&["tasks", "--json", "--limit", "1000"], None);
+        assert!(out.status.success());
+        serde_json::from_slice::<serde_json::Value>(&out.stdout)
+            .unwrap()
+            .as_array()
+            .map(Vec::len)
+            .unwrap_or(0)
+    };
+    let before = count();
+
+    let anonymous = cli(&coordinator.rest, &["run", echo.to_str().unwrap()], None);
+    assert!(!anonymous.status.success());
+    assert!(
+        String::from_utf8_lossy(&anonymous.stderr).contains("token"),
+        "{}",
+        String::from_utf8_lossy(&anonymous.stderr)
+    );
+    let out = coordinator.cli(
+        &[
+            "api-token",
+            "create",
+            "--role",
+            "viewer",
+            "--name",
+            "dashboard",
+            "--json",
+        ],
+        None,
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let viewer: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let viewer = viewer["token"].as_str().unwrap();
+    let denied = cli_with_token(
+        &coordinator.rest,
+        Some(viewer),
+        &["run", echo.to_str().unwrap()],
+        None,
+    );
+    assert!(!denied.status.success());
+    // A viewer may look.
+    let looked = cli_with_token(&coordinator.rest, Some(viewer), &["tasks"], None);
+    assert!(
+        looked.status.success(),
+        "{}",
+        String::from_utf8_lossy(&looked.stderr)
+    );
+    assert_eq!(count(), before, "a refused call changed nothing");
+}
