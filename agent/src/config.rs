@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use serde::Deserialize;
 use starling_proto::limits::{MAX_LABELS, NODE_ID_LEN};
-use starling_proto::{Label, NodeId};
+use starling_proto::{Grants, Label, NodeId};
 
 /// The broker an agent uses unless told otherwise.
 pub const DEFAULT_BROKER: &str = "mqtt://127.0.0.1:1883";
@@ -47,6 +47,46 @@ pub struct AgentConfig {
     /// The `starling-opencl-worker` binary; found beside the agent's own
     /// executable when not set.
     pub opencl_worker: Option<PathBuf>,
+    /// The coordinator's ed25519 public key, which every assignment's
+    /// signature must verify against. Without it every assignment is refused
+    /// as unverifiable, unless `allow_unsigned` is set.
+    pub coordinator_key: Option<[u8; 32]>,
+    /// Development only: without a coordinator key, run assignments whose
+    /// signature cannot be checked (node and validity window still are).
+    pub allow_unsigned: bool,
+    /// Most task events the journal's outbox holds awaiting the coordinator's
+    /// receipt; at the limit new assignments are refused (`agent_busy`).
+    pub journal_max_entries: usize,
+    /// Most attempts the journal remembers; finished ones are pruned oldest
+    /// first once their assignment can no longer be replayed.
+    pub journal_max_attempts: usize,
+    /// How often task events without a receipt are sent again.
+    pub event_resend_interval: Duration,
+    /// The coordinator's REST base URL (`http://host:port`), used to enroll.
+    pub coordinator_url: Option<String>,
+    /// A join token from `starling token create`, used once to enroll; ignored
+    /// once `<data-dir>/credentials.json` exists.
+    pub join_token: Option<String>,
+    /// MQTT user name; enrollment sets it (to the node id).
+    pub mqtt_username: Option<String>,
+    /// MQTT password; enrollment sets it.
+    pub mqtt_password: Option<String>,
+    /// TLS files for `mqtts://` brokers.
+    pub mqtt_tls: MqttTlsFiles,
+    /// What wasm tasks may be granted on this node; a task asking for more is
+    /// refused before it runs. Nothing by default: the operator opts in.
+    pub allowed_grants: Grants,
+}
+
+/// PEM files for an `mqtts://` broker connection.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct MqttTlsFiles {
+    /// CA certificates to trust for the broker; the system roots when absent.
+    pub ca_file: Option<PathBuf>,
+    /// A client certificate chain, for brokers that require one.
+    pub client_cert: Option<PathBuf>,
+    /// The client certificate's private key (PKCS#8, PKCS#1 or SEC1).
+    pub client_key: Option<PathBuf>,
 }
 
 impl Default for AgentConfig {
@@ -67,6 +107,17 @@ impl Default for AgentConfig {
             max_artifact_bytes: 64 * 1024 * 1024,
             opencl: true,
             opencl_worker: None,
+            coordinator_key: None,
+            allow_unsigned: false,
+            journal_max_entries: crate::journal::DEFAULT_MAX_ENTRIES,
+            journal_max_attempts: crate::journal::DEFAULT_MAX_ATTEMPTS,
+            event_resend_interval: Duration::from_secs(5),
+            coordinator_url: None,
+            join_token: None,
+            mqtt_username: None,
+            mqtt_password: None,
+            mqtt_tls: MqttTlsFiles::default(),
+            allowed_grants: Grants::default(),
         }
     }
 }
@@ -137,6 +188,24 @@ pub enum ConfigError {
     /// The topic prefix is malformed.
     #[error(transparent)]
     TopicPrefix(#[from] starling_proto::TopicError),
+    /// A grant name is unknown.
+    #[error("unknown grant {name:?}: write grants as a comma-separated list of clock, random (or all, none)")]
+    Grant {
+        /// The name as given.
+        name: String,
+    },
+    /// Two settings contradict each other.
+    #[error("{0}")]
+    Conflict(&'static str),
+    /// The MQTT TLS settings could not be turned into a client configuration.
+    #[error(transparent)]
+    Tls(#[from] crate::tls::TlsError),
+    /// The coordinator key is not 32 bytes of hex.
+    #[error("invalid coordinator key: {detail}; give the coordinator's ed25519 public key as 64 hex digits")]
+    CoordinatorKey {
+        /// What was wrong.
+        detail: String,
+    },
 }
 
 /// One source of settings (flags and env, or a file); `None` means "not set here".
@@ -168,6 +237,32 @@ pub struct ConfigLayer {
     pub opencl: Option<bool>,
     /// See [`AgentConfig::opencl_worker`].
     pub opencl_worker: Option<PathBuf>,
+    /// See [`AgentConfig::coordinator_key`].
+    pub coordinator_key: Option<[u8; 32]>,
+    /// See [`AgentConfig::allow_unsigned`].
+    pub allow_unsigned: Option<bool>,
+    /// See [`AgentConfig::journal_max_entries`].
+    pub journal_max_entries: Option<usize>,
+    /// See [`AgentConfig::journal_max_attempts`].
+    pub journal_max_attempts: Option<usize>,
+    /// See [`AgentConfig::event_resend_interval`].
+    pub event_resend_interval: Option<Duration>,
+    /// See [`AgentConfig::coordinator_url`].
+    pub coordinator_url: Option<String>,
+    /// See [`AgentConfig::join_token`].
+    pub join_token: Option<String>,
+    /// See [`AgentConfig::mqtt_username`].
+    pub mqtt_username: Option<String>,
+    /// See [`AgentConfig::mqtt_password`].
+    pub mqtt_password: Option<String>,
+    /// See [`MqttTlsFiles::ca_file`].
+    pub mqtt_ca_file: Option<PathBuf>,
+    /// See [`MqttTlsFiles::client_cert`].
+    pub mqtt_client_cert: Option<PathBuf>,
+    /// See [`MqttTlsFiles::client_key`].
+    pub mqtt_client_key: Option<PathBuf>,
+    /// See [`AgentConfig::allowed_grants`].
+    pub allowed_grants: Option<Grants>,
 }
 
 /// The TOML file's shape. Every key is optional; unknown keys are refused so a
@@ -189,6 +284,18 @@ struct FileConfig {
     max_artifact_bytes: Option<u64>,
     opencl: Option<bool>,
     opencl_worker: Option<PathBuf>,
+    coordinator_key: Option<String>,
+    allow_unsigned: Option<bool>,
+    journal_max_entries: Option<usize>,
+    journal_max_attempts: Option<usize>,
+    event_resend_interval: Option<String>,
+    coordinator_url: Option<String>,
+    mqtt_username: Option<String>,
+    mqtt_password: Option<String>,
+    mqtt_ca_file: Option<PathBuf>,
+    mqtt_client_cert: Option<PathBuf>,
+    mqtt_client_key: Option<PathBuf>,
+    allow_grants: Option<Vec<String>>,
 }
 
 impl ConfigLayer {
@@ -259,6 +366,31 @@ impl ConfigLayer {
             max_artifact_bytes: file.max_artifact_bytes,
             opencl: file.opencl,
             opencl_worker: file.opencl_worker,
+            coordinator_key: file
+                .coordinator_key
+                .as_deref()
+                .map(parse_coordinator_key)
+                .transpose()?,
+            allow_unsigned: file.allow_unsigned,
+            journal_max_entries: file.journal_max_entries,
+            journal_max_attempts: file.journal_max_attempts,
+            event_resend_interval: file
+                .event_resend_interval
+                .as_deref()
+                .map(parse_duration)
+                .transpose()?,
+            coordinator_url: file.coordinator_url,
+            // A join token is a one-time secret: flags or environment only.
+            join_token: None,
+            mqtt_username: file.mqtt_username,
+            mqtt_password: file.mqtt_password,
+            mqtt_ca_file: file.mqtt_ca_file,
+            mqtt_client_cert: file.mqtt_client_cert,
+            mqtt_client_key: file.mqtt_client_key,
+            allowed_grants: file
+                .allow_grants
+                .map(|names| parse_grants(&names.join(",")))
+                .transpose()?,
         })
     }
 }
@@ -289,6 +421,24 @@ impl AgentConfig {
                 .unwrap_or(defaults.max_artifact_bytes),
             opencl: first(layers, |l| &l.opencl).unwrap_or(defaults.opencl),
             opencl_worker: first(layers, |l| &l.opencl_worker).or(defaults.opencl_worker),
+            coordinator_key: first(layers, |l| &l.coordinator_key).or(defaults.coordinator_key),
+            allow_unsigned: first(layers, |l| &l.allow_unsigned).unwrap_or(defaults.allow_unsigned),
+            journal_max_entries: first(layers, |l| &l.journal_max_entries)
+                .unwrap_or(defaults.journal_max_entries),
+            journal_max_attempts: first(layers, |l| &l.journal_max_attempts)
+                .unwrap_or(defaults.journal_max_attempts),
+            event_resend_interval: first(layers, |l| &l.event_resend_interval)
+                .unwrap_or(defaults.event_resend_interval),
+            coordinator_url: first(layers, |l| &l.coordinator_url).or(defaults.coordinator_url),
+            join_token: first(layers, |l| &l.join_token).or(defaults.join_token),
+            mqtt_username: first(layers, |l| &l.mqtt_username).or(defaults.mqtt_username),
+            mqtt_password: first(layers, |l| &l.mqtt_password).or(defaults.mqtt_password),
+            mqtt_tls: MqttTlsFiles {
+                ca_file: first(layers, |l| &l.mqtt_ca_file),
+                client_cert: first(layers, |l| &l.mqtt_client_cert),
+                client_key: first(layers, |l| &l.mqtt_client_key),
+            },
+            allowed_grants: first(layers, |l| &l.allowed_grants).unwrap_or(defaults.allowed_grants),
         };
         config.validate()?;
         Ok(config)
@@ -334,6 +484,28 @@ impl AgentConfig {
                 setting: "keep-alive",
                 requirement: "at least 1s",
             });
+        }
+        if self.journal_max_entries == 0 || self.journal_max_attempts == 0 {
+            return Err(ConfigError::OutOfRange {
+                setting: "journal-max-entries and journal-max-attempts",
+                requirement: "at least 1",
+            });
+        }
+        if self.event_resend_interval < Duration::from_millis(100) {
+            return Err(ConfigError::OutOfRange {
+                setting: "event-resend-interval",
+                requirement: "at least 100ms",
+            });
+        }
+        if self.mqtt_tls.client_cert.is_some() != self.mqtt_tls.client_key.is_some() {
+            return Err(ConfigError::Conflict(
+                "--mqtt-client-cert and --mqtt-client-key go together: give both or neither",
+            ));
+        }
+        if self.mqtt_password.is_some() && self.mqtt_username.is_none() {
+            return Err(ConfigError::Conflict(
+                "an MQTT password needs an MQTT user name (--mqtt-username)",
+            ));
         }
         Ok(())
     }
@@ -389,6 +561,38 @@ pub fn sanitize_node_id(raw: &str) -> String {
     }
 }
 
+/// Parses `clock,random` (also `all` and `none`) into grants.
+pub fn parse_grants(text: &str) -> Result<Grants, ConfigError> {
+    let mut grants = Grants::default();
+    for name in text.split(',').map(str::trim).filter(|n| !n.is_empty()) {
+        match name {
+            "clock" => grants.clock = true,
+            "random" => grants.random = true,
+            "all" => {
+                grants.clock = true;
+                grants.random = true;
+            }
+            "none" => {}
+            other => {
+                return Err(ConfigError::Grant {
+                    name: other.to_owned(),
+                })
+            }
+        }
+    }
+    Ok(grants)
+}
+
+/// Parses the coordinator's ed25519 public key: 64 hex digits (32 bytes).
+pub fn parse_coordinator_key(text: &str) -> Result<[u8; 32], ConfigError> {
+    let bytes = hex::decode(text.trim()).map_err(|error| ConfigError::CoordinatorKey {
+        detail: error.to_string(),
+    })?;
+    <[u8; 32]>::try_from(bytes.as_slice()).map_err(|_| ConfigError::CoordinatorKey {
+        detail: format!("{} bytes given, 32 expected", bytes.len()),
+    })
+}
+
 /// Parses `k=v,k=v` labels.
 pub fn parse_labels(text: &str) -> Result<Vec<Label>, ConfigError> {
     let labels = text
@@ -438,23 +642,28 @@ pub struct BrokerAddress {
     pub host: String,
     /// TCP port.
     pub port: u16,
+    /// Whether the connection uses TLS (`mqtts://`).
+    pub tls: bool,
 }
 
 impl BrokerAddress {
-    /// Parses `mqtt://host:port`, `tcp://host:port`, `host:port` or `host` (port 1883).
+    /// Parses `mqtt://host:port`, `tcp://host:port`, `host:port` or `host`
+    /// (port 1883), and `mqtts://host:port` or `ssl://host:port` for TLS
+    /// (port 8883).
     pub fn parse(url: &str) -> Result<Self, ConfigError> {
         let bad = |detail: &str| ConfigError::Broker {
             url: url.to_owned(),
             detail: detail.to_owned(),
         };
-        let rest = match url.split_once("://") {
-            Some(("mqtt" | "tcp", rest)) => rest,
+        let (rest, tls) = match url.split_once("://") {
+            Some(("mqtt" | "tcp", rest)) => (rest, false),
+            Some(("mqtts" | "ssl", rest)) => (rest, true),
             Some((scheme, _)) => {
                 return Err(bad(&format!(
-                    "scheme {scheme:?} is not supported (only mqtt:// over TCP)"
+                    "scheme {scheme:?} is not supported (mqtt:// over TCP, mqtts:// over TLS)"
                 )))
             }
-            None => url,
+            None => (url, false),
         };
         let rest = rest.trim_end_matches('/');
         if rest.contains('/') || rest.contains('@') {
@@ -484,6 +693,7 @@ impl BrokerAddress {
             Some(port) => port
                 .parse::<u16>()
                 .map_err(|_| bad("the port must be a number from 1 to 65535"))?,
+            None if tls => 8883,
             None => 1883,
         };
         if port == 0 {
@@ -492,6 +702,7 @@ impl BrokerAddress {
         Ok(Self {
             host: host.to_owned(),
             port,
+            tls,
         })
     }
 }
@@ -521,6 +732,14 @@ mod tests {
         assert_eq!((a.host.as_str(), a.port), ("broker.local", 1883));
         let a = BrokerAddress::parse("tcp://[::1]:9000").unwrap();
         assert_eq!((a.host.as_str(), a.port), ("::1", 9000));
+        assert!(!a.tls);
+        let a = BrokerAddress::parse("mqtts://broker.local").unwrap();
+        assert_eq!(
+            (a.host.as_str(), a.port, a.tls),
+            ("broker.local", 8883, true)
+        );
+        let a = BrokerAddress::parse("ssl://127.0.0.1:9883").unwrap();
+        assert_eq!((a.port, a.tls), (9883, true));
         assert!(BrokerAddress::parse("http://x:1").is_err());
         assert!(BrokerAddress::parse("mqtt://:1883").is_err());
         assert!(BrokerAddress::parse("mqtt://h:99999").is_err());
@@ -591,6 +810,44 @@ mod tests {
         assert!(matches!(
             AgentConfig::from_layers(&[bad_id]),
             Err(ConfigError::NodeId { .. })
+        ));
+    }
+
+    #[test]
+    fn grants_parse_and_refuse() {
+        assert_eq!(parse_grants("").unwrap(), Grants::default());
+        assert_eq!(parse_grants("none").unwrap(), Grants::default());
+        let both = Grants {
+            clock: true,
+            random: true,
+        };
+        assert_eq!(parse_grants("clock, random").unwrap(), both);
+        assert_eq!(parse_grants("all").unwrap(), both);
+        assert!(parse_grants("clock").unwrap().clock);
+        assert!(!parse_grants("clock").unwrap().random);
+        assert!(matches!(
+            parse_grants("network"),
+            Err(ConfigError::Grant { .. })
+        ));
+        let file = ConfigLayer::from_toml("allow-grants = [\"random\"]").unwrap();
+        assert_eq!(
+            file.allowed_grants,
+            Some(Grants {
+                clock: false,
+                random: true
+            })
+        );
+    }
+
+    #[test]
+    fn half_a_client_certificate_is_refused() {
+        let layer = ConfigLayer {
+            mqtt_client_cert: Some("cert.pem".into()),
+            ..ConfigLayer::default()
+        };
+        assert!(matches!(
+            AgentConfig::from_layers(&[layer]),
+            Err(ConfigError::Conflict(_))
         ));
     }
 

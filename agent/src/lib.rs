@@ -4,7 +4,8 @@
 //! The pieces, from the outside in: [`agent`] is the I/O loop (MQTT
 //! connection, telemetry timer, runners); [`session`] is the protocol logic it
 //! drives, without I/O; [`runner`] takes one attempt from assignment to final
-//! event; [`journal`] remembers attempts across restarts; [`artifact`] fetches
+//! event; [`journal`] keeps attempts and unacknowledged events across
+//! restarts; [`verify`] checks an assignment's node, window and signature; [`artifact`] fetches
 //! and caches modules by digest; [`wasm`] runs them under limits; [`mod@probe`]
 //! and [`telemetry`] describe the device; [`config`] merges flags,
 //! environment, file and defaults.
@@ -12,11 +13,14 @@
 pub mod agent;
 pub mod artifact;
 pub mod config;
+pub mod enroll;
 pub mod journal;
 pub mod probe;
 pub mod runner;
 pub mod session;
 pub mod telemetry;
+pub mod tls;
+pub mod verify;
 pub mod wasm;
 
 pub use agent::{run, AgentError};

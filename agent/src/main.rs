@@ -5,7 +5,7 @@ use std::path::PathBuf;
 
 use anyhow::Context;
 use clap::{Args, Parser, Subcommand};
-use starling_agent::config::{parse_duration, parse_labels};
+use starling_agent::config::{parse_coordinator_key, parse_duration, parse_grants, parse_labels};
 use starling_agent::{AgentConfig, ConfigLayer};
 
 const AFTER_HELP: &str = "\
@@ -18,6 +18,12 @@ Examples:
       Settings come from flags, then STARLING_* variables, then the file, then defaults.
   starling-agent run --measure-io --max-tasks 2 --telemetry-interval 500ms
       Measure the data directory's disk at start, run two tasks at once, report twice a second.
+  starling-agent run --broker mqtts://10.0.0.2:8883 --mqtt-ca-file ca.pem \\
+      --coordinator-url http://10.0.0.2:8080 --join-token $(starling token create)
+      Enroll once with a join token (credentials are kept in <data-dir>/credentials.json,
+      mode 0600; later starts need no token) and connect over TLS.
+  starling-agent run --allow-grant clock,random
+      Let wasm tasks whose manifest asks for them read the real clock and real random bytes.
 
 Config file (TOML; every key optional):
   broker = \"mqtt://10.0.0.2:1883\"
@@ -28,6 +34,9 @@ Config file (TOML; every key optional):
   disk-read-mbps = 90.0
   disk-write-mbps = 40.0
   opencl = true                  # look for OpenCL devices (through starling-opencl-worker)
+  coordinator-url = \"http://10.0.0.2:8080\"   # where to enroll
+  mqtt-ca-file = \"/etc/starling/ca.pem\"      # for mqtts:// brokers
+  allow-grants = [\"clock\"]                   # what wasm tasks may be granted [default: none]
   [labels]
   zone = \"kitchen\"
 
@@ -92,6 +101,61 @@ struct Settings {
     /// The starling-opencl-worker binary [default: the one beside starling-agent].
     #[arg(long, env = "STARLING_OPENCL_WORKER", value_name = "FILE")]
     opencl_worker: Option<PathBuf>,
+    /// The coordinator's REST URL, to enroll with a join token.
+    #[arg(long, env = "STARLING_COORDINATOR_URL", value_name = "URL")]
+    coordinator_url: Option<String>,
+    /// A join token from `starling token create`; used once, ignored once
+    /// <data-dir>/credentials.json exists.
+    #[arg(
+        long,
+        env = "STARLING_JOIN_TOKEN",
+        value_name = "TOKEN",
+        hide_env_values = true
+    )]
+    join_token: Option<String>,
+    /// MQTT user name [default: the enrolled one; none without enrollment].
+    #[arg(long, env = "STARLING_MQTT_USERNAME", value_name = "NAME")]
+    mqtt_username: Option<String>,
+    /// MQTT password [default: the enrolled one].
+    #[arg(
+        long,
+        env = "STARLING_MQTT_PASSWORD",
+        value_name = "PASSWORD",
+        hide_env_values = true
+    )]
+    mqtt_password: Option<String>,
+    /// PEM CA certificates to trust for an mqtts:// broker [default: the system roots].
+    #[arg(long, env = "STARLING_MQTT_CA_FILE", value_name = "FILE")]
+    mqtt_ca_file: Option<PathBuf>,
+    /// PEM client certificate chain, for brokers that require one (with --mqtt-client-key).
+    #[arg(long, env = "STARLING_MQTT_CLIENT_CERT", value_name = "FILE")]
+    mqtt_client_cert: Option<PathBuf>,
+    /// PEM private key of the client certificate.
+    #[arg(long, env = "STARLING_MQTT_CLIENT_KEY", value_name = "FILE")]
+    mqtt_client_key: Option<PathBuf>,
+    /// Grants wasm tasks may have on this node: clock, random, all or none [default: none].
+    #[arg(
+        long = "allow-grant",
+        env = "STARLING_ALLOW_GRANTS",
+        value_name = "GRANT,..."
+    )]
+    allow_grants: Option<String>,
+    /// The coordinator's ed25519 public key, 64 hex digits [default: the one pinned at enrollment].
+    #[arg(long, env = "STARLING_COORDINATOR_KEY", value_name = "HEX")]
+    coordinator_key: Option<String>,
+    /// Development only: run assignments without a verifiable signature.
+    #[arg(long, env = "STARLING_ALLOW_UNSIGNED", num_args = 0..=1, default_missing_value = "true",
+          value_name = "BOOL")]
+    allow_unsigned: Option<bool>,
+    /// Most task events kept awaiting the coordinator's receipt [default: see the docs].
+    #[arg(long, env = "STARLING_JOURNAL_MAX_ENTRIES", value_name = "N")]
+    journal_max_entries: Option<usize>,
+    /// Most attempts the journal remembers [default: see the docs].
+    #[arg(long, env = "STARLING_JOURNAL_MAX_ATTEMPTS", value_name = "N")]
+    journal_max_attempts: Option<usize>,
+    /// How often unacknowledged task events are sent again [default: 5s].
+    #[arg(long, env = "STARLING_EVENT_RESEND_INTERVAL", value_name = "DURATION")]
+    event_resend_interval: Option<String>,
 }
 
 impl Settings {
@@ -125,6 +189,34 @@ impl Settings {
             },
             opencl: self.opencl,
             opencl_worker: self.opencl_worker.clone(),
+            coordinator_url: self.coordinator_url.clone(),
+            join_token: self.join_token.clone(),
+            mqtt_username: self.mqtt_username.clone(),
+            mqtt_password: self.mqtt_password.clone(),
+            mqtt_ca_file: self.mqtt_ca_file.clone(),
+            mqtt_client_cert: self.mqtt_client_cert.clone(),
+            mqtt_client_key: self.mqtt_client_key.clone(),
+            allowed_grants: self
+                .allow_grants
+                .as_deref()
+                .map(parse_grants)
+                .transpose()
+                .context("in --allow-grant / STARLING_ALLOW_GRANTS")?,
+            coordinator_key: self
+                .coordinator_key
+                .as_deref()
+                .map(parse_coordinator_key)
+                .transpose()
+                .context("in --coordinator-key / STARLING_COORDINATOR_KEY")?,
+            allow_unsigned: self.allow_unsigned,
+            journal_max_entries: self.journal_max_entries,
+            journal_max_attempts: self.journal_max_attempts,
+            event_resend_interval: self
+                .event_resend_interval
+                .as_deref()
+                .map(parse_duration)
+                .transpose()
+                .context("in --event-resend-interval / STARLING_EVENT_RESEND_INTERVAL")?,
             ..ConfigLayer::default()
         };
         let mut layers = vec![flags];
@@ -170,13 +262,16 @@ fn execute(cli: Cli) -> anyhow::Result<()> {
             Ok(())
         }
         Command::Run(settings) => {
-            let config = settings.resolve()?;
+            let mut config = settings.resolve()?;
             let runtime = tokio::runtime::Builder::new_multi_thread()
                 .enable_all()
                 .build()
                 .context("cannot start the async runtime")?;
             runtime.block_on(async {
                 let shutdown = shutdown_signal()?;
+                starling_agent::enroll::prepare(&mut config)
+                    .await
+                    .context("cannot set up this node's credentials")?;
                 starling_agent::run(config, shutdown).await?;
                 anyhow::Ok(())
             })?;

@@ -9,6 +9,14 @@
 //! records which limit was hit, so the failure is reported as
 //! [`ExecError::MemoryLimit`] rather than a generic trap. Output goes to a
 //! bounded in-memory pipe that traps the guest when it would overflow.
+//!
+//! The clock and randomness are capabilities ([`Grants`]): a module that was
+//! not granted the clock reads the Unix epoch from the wall clock and 0 from
+//! the monotonic clock, and one not granted randomness gets zeros. A fixed
+//! value rather than an error keeps ordinary programs (whose runtimes seed
+//! hash maps and read the time at start) running, deterministically. The
+//! executor also holds the node's policy and refuses, before anything runs, a
+//! request for a grant the policy does not allow.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -16,7 +24,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use starling_proto::{ExecLimits, ExecMetrics, FailureReason};
+use starling_proto::{ExecLimits, ExecMetrics, FailureReason, Grants};
 use wasmtime::{
     Config, Engine, ExternType, InstancePre, Linker, Module, ResourceLimiter, Store, StoreLimits,
     StoreLimitsBuilder, UpdateDeadline,
@@ -25,7 +33,7 @@ use wasmtime_wasi::cli::{IsTerminal, StdoutStream};
 use wasmtime_wasi::p1::WasiP1Ctx;
 use wasmtime_wasi::p2::pipe::MemoryInputPipe;
 use wasmtime_wasi::p2::{OutputStream, Pollable, StreamError, StreamResult};
-use wasmtime_wasi::{I32Exit, WasiCtxBuilder};
+use wasmtime_wasi::{Deterministic, HostMonotonicClock, HostWallClock, I32Exit, WasiCtxBuilder};
 
 /// How often the ticker thread advances the engine's epoch. It bounds how late
 /// a timeout or a cancel is noticed.
@@ -91,6 +99,12 @@ pub enum ExecError {
     /// The attempt was cancelled while it ran.
     #[error("the task was cancelled")]
     Cancelled,
+    /// The task asks for a grant this node's policy does not allow.
+    #[error("the task asks for the {grant} grant, which this node does not allow (start the agent with --allow-grant {grant} to allow it)")]
+    GrantRefused {
+        /// The grant refused: `clock` or `random`.
+        grant: &'static str,
+    },
     /// The engine itself failed (a bug or resource exhaustion on the agent).
     #[error("the wasm engine failed: {detail}")]
     Internal {
@@ -114,6 +128,9 @@ impl ExecError {
             ExecError::InvalidModule { .. } | ExecError::Unrunnable { .. } => {
                 FailureReason::InvalidModule
             }
+            // The wire has no policy code; "this node cannot run it" is the
+            // closest, and the message names the grant and the flag.
+            ExecError::GrantRefused { .. } => FailureReason::UnsupportedRuntime,
             ExecError::Timeout { .. } => FailureReason::Timeout,
             ExecError::MemoryLimit { .. } => FailureReason::MemoryLimit,
             ExecError::OutputLimit { .. } => FailureReason::OutputLimit,
@@ -180,6 +197,34 @@ pub struct RunRequest<'a> {
     pub limits: &'a ExecLimits,
     /// Set from another thread to stop the run at the next epoch tick.
     pub cancel: Option<Arc<AtomicBool>>,
+    /// What the module may use; the executor's policy must allow all of it.
+    pub grants: Grants,
+}
+
+/// The clock a module without the clock grant sees: always the Unix epoch.
+struct FixedWallClock;
+
+impl HostWallClock for FixedWallClock {
+    fn resolution(&self) -> Duration {
+        Duration::from_secs(1)
+    }
+
+    fn now(&self) -> Duration {
+        Duration::ZERO
+    }
+}
+
+/// The monotonic clock a module without the clock grant sees: it never moves.
+struct FixedMonotonicClock;
+
+impl HostMonotonicClock for FixedMonotonicClock {
+    fn resolution(&self) -> u64 {
+        1_000_000_000
+    }
+
+    fn now(&self) -> u64 {
+        0
+    }
 }
 
 /// Per-store state: the WASI context and the limiter.
@@ -383,6 +428,7 @@ impl Drop for EpochTicker {
 pub struct WasmExecutor {
     engine: Engine,
     linker: Linker<TaskState>,
+    allowed: Grants,
     _ticker: EpochTicker,
 }
 
@@ -393,8 +439,14 @@ impl std::fmt::Debug for WasmExecutor {
 }
 
 impl WasmExecutor {
-    /// Builds the engine, the WASI preview 1 linker and the epoch ticker.
+    /// Builds the engine, the WASI preview 1 linker and the epoch ticker,
+    /// with a policy that allows no grant.
     pub fn new() -> Result<Self, ExecError> {
+        Self::with_policy(Grants::default())
+    }
+
+    /// Like [`WasmExecutor::new`], allowing the grants in `allowed`.
+    pub fn with_policy(allowed: Grants) -> Result<Self, ExecError> {
         let mut config = Config::new();
         config.epoch_interruption(true);
         let engine = Engine::new(&config).map_err(|e| ExecError::Internal {
@@ -409,8 +461,21 @@ impl WasmExecutor {
         Ok(Self {
             engine,
             linker,
+            allowed,
             _ticker: ticker,
         })
+    }
+
+    /// Whether this node's policy allows `requested`; the refusal names the
+    /// first grant it does not allow.
+    pub fn check_grants(&self, requested: &Grants) -> Result<(), ExecError> {
+        if requested.clock && !self.allowed.clock {
+            return Err(ExecError::GrantRefused { grant: "clock" });
+        }
+        if requested.random && !self.allowed.random {
+            return Err(ExecError::GrantRefused { grant: "random" });
+        }
+        Ok(())
     }
 
     /// Compiles a module from its binary form. Text (WAT) and anything that is
@@ -467,6 +532,7 @@ impl WasmExecutor {
                 args,
                 limits,
                 cancel: None,
+                grants: Grants::default(),
             },
         )
     }
@@ -482,6 +548,7 @@ impl WasmExecutor {
                 detail: "the module was compiled by another executor".to_owned(),
             });
         }
+        self.check_grants(&request.grants)?;
         let limits = request.limits;
         let output_limit = usize::try_from(limits.output_bytes).unwrap_or(usize::MAX);
         let memory_limit = usize::try_from(limits.memory_bytes).unwrap_or(usize::MAX);
@@ -493,16 +560,29 @@ impl WasmExecutor {
         argv.extend(request.args.iter().cloned());
 
         // No preopened directories and no socket permissions: the module sees
-        // no filesystem and no network, only stdio, args, clocks and random.
-        let wasi = WasiCtxBuilder::new()
+        // no filesystem and no network, only stdio, args, and the clock and
+        // random bytes as granted.
+        let mut builder = WasiCtxBuilder::new();
+        builder
             .stdin(MemoryInputPipe::new(Bytes::copy_from_slice(request.input)))
             .stdout(stdout.clone())
             .stderr(stderr.clone())
             .args(&argv)
             .allow_tcp(false)
             .allow_udp(false)
-            .allow_ip_name_lookup(false)
-            .build_p1();
+            .allow_ip_name_lookup(false);
+        if !request.grants.clock {
+            builder
+                .wall_clock(FixedWallClock)
+                .monotonic_clock(FixedMonotonicClock);
+        }
+        if !request.grants.random {
+            builder
+                .secure_random(Deterministic::new(vec![0]))
+                .insecure_random(Deterministic::new(vec![0]))
+                .insecure_random_seed(0);
+        }
+        let wasi = builder.build_p1();
         let limiter = TaskLimiter {
             inner: StoreLimitsBuilder::new()
                 .memory_size(memory_limit)
@@ -723,6 +803,7 @@ mod tests {
                     args: &args,
                     limits: &ExecLimits::default(),
                     cancel: None,
+                    grants: Grants::default(),
                 },
             )
             .unwrap();
@@ -808,6 +889,7 @@ mod tests {
                         args: &[],
                         limits: &limits,
                         cancel: Some(Arc::clone(&cancel)),
+                        grants: Grants::default(),
                     },
                 )
                 .unwrap_err()
