@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use axum::body::Bytes;
 use axum::extract::rejection::{BytesRejection, JsonRejection};
-use axum::extract::{DefaultBodyLimit, Path, Query, Request, State};
+use axum::extract::{DefaultBodyLimit, MatchedPath, Path, Query, Request, State};
 use axum::http::{header, Method, StatusCode};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
@@ -21,9 +21,11 @@ use starling_proto::limits::{ARG_LEN, MAX_ARGS, MAX_INLINE_INPUT_BYTES, MAX_INLI
 use starling_proto::{encode, Cancel, Channel, Digest, NodeId, Runtime, TaskId, PROTOCOL_VERSION};
 use utoipa::{IntoParams, OpenApi, ToSchema};
 
+use crate::access::{self, NodeCredentials, Role};
+use crate::access_store::{ApiTokenRecord, EnrollOutcome};
 use crate::registry::NodeEntry;
 use crate::store::{AttemptRecord, CancelOutcome, EventRecord, NewTask, TaskRecord};
-use crate::task::{unix_now_ms, TaskDemand, TaskKind, TaskLimits, TaskStatus};
+use crate::task::{unix_now_ms, TaskDemand, TaskGrants, TaskKind, TaskLimits, TaskStatus};
 use crate::Shared;
 
 /// Default number of tasks a list returns.
@@ -195,6 +197,10 @@ pub struct SubmitTask {
     /// Estimated work, in seconds on one reference core (default 1).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub work_seconds: Option<f64>,
+    /// What a wasm task may use: `{"clock": true, "random": true}`; nothing
+    /// when absent. Given here, it replaces `limits.grants`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub grants: Option<TaskGrants>,
 }
 
 /// A task in a list.
@@ -315,7 +321,7 @@ impl utoipa::Modify for BearerToken {
     modifiers(&BearerToken),
     info(
         title = "Starling coordinator API",
-        description = "Nodes, artifacts and tasks of a Starling coordinator. Mutating calls need `Authorization: Bearer TOKEN` when the coordinator has an API token."
+        description = "Nodes, artifacts and tasks of a Starling coordinator. When the coordinator has an API token, every call except health, identity, enrollment, this document and artifacts by digest needs `Authorization: Bearer TOKEN` with a role: viewer reads; developer also uploads, submits and cancels; operator also creates join tokens and revokes nodes; admin also manages API tokens. 401: missing, unknown or revoked token; 403: role too low."
     ),
     paths(
         health,
@@ -328,7 +334,14 @@ impl utoipa::Modify for BearerToken {
         get_task,
         cancel_task,
         openapi_document,
-        metrics
+        metrics,
+        identity,
+        enroll,
+        create_join_token,
+        revoke_node,
+        create_api_token,
+        list_api_tokens,
+        revoke_api_token
     ),
     components(schemas(
         ApiError,
@@ -345,8 +358,20 @@ impl utoipa::Modify for BearerToken {
         TaskKind,
         TaskDemand,
         TaskLimits,
+        TaskGrants,
         AttemptRecord,
-        EventRecord
+        EventRecord,
+        Role,
+        Identity,
+        EnrollRequest,
+        NodeCredentials,
+        CreateJoinToken,
+        JoinTokenCreated,
+        CreateApiToken,
+        ApiTokenCreated,
+        ApiTokenRecord,
+        ApiTokenList,
+        NodeRevoked
     ))
 )]
 pub struct ApiDoc;
@@ -374,12 +399,21 @@ pub(crate) fn router(shared: Arc<Shared>) -> Router {
         .route("/api/v1/tasks/{id}", get(get_task))
         .route("/api/v1/tasks/{id}/cancel", post(cancel_task))
         .route("/api/v1/openapi.json", get(openapi_document))
+        .route("/api/v1/identity", get(identity))
+        .route("/api/v1/enroll", post(enroll))
+        .route("/api/v1/join-tokens", post(create_join_token))
+        .route("/api/v1/nodes/{id}/revoke", post(revoke_node))
+        .route(
+            "/api/v1/api-tokens",
+            post(create_api_token).get(list_api_tokens),
+        )
+        .route("/api/v1/api-tokens/{id}/revoke", post(revoke_api_token))
         .route("/metrics", get(metrics))
         .fallback(not_found)
         .layer(DefaultBodyLimit::max(MAX_JSON_BODY_BYTES))
         .layer(axum::middleware::from_fn_with_state(
             shared.clone(),
-            require_token,
+            authorize,
         ))
         .with_state(shared)
 }
@@ -392,56 +426,521 @@ async fn not_found() -> ApiError {
     )
 }
 
-/// Compares without an early exit, so response times do not leak how much of
-/// a guessed token was right.
-fn same_token(given: &[u8], expected: &[u8]) -> bool {
-    if given.len() != expected.len() {
-        return false;
-    }
-    given
-        .iter()
-        .zip(expected)
-        .fold(0u8, |acc, (a, b)| acc | (a ^ b))
-        == 0
+/// What a route asks of its caller.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum RouteAccess {
+    /// Anyone: health, identity, enrollment, the OpenAPI document, and
+    /// artifacts by digest (agents fetch them with no API token; the digest
+    /// is the capability and the bytes are verified against it).
+    Public,
+    /// A bearer token with at least this role.
+    Role(Role),
 }
 
-async fn require_token(
+/// Every route with the access it needs. The middleware looks each request's
+/// matched route up here; a route or method missing from it needs `admin`,
+/// so forgetting a line locks a route rather than opening it.
+const ROUTES: &[(Method, &str, RouteAccess)] = &[
+    (Method::GET, "/api/v1/health", RouteAccess::Public),
+    (Method::GET, "/api/v1/identity", RouteAccess::Public),
+    (Method::POST, "/api/v1/enroll", RouteAccess::Public),
+    (Method::GET, "/api/v1/openapi.json", RouteAccess::Public),
+    (Method::GET, "/api/v1/artifacts/{digest}", RouteAccess::Public),
+    (Method::GET, "/api/v1/nodes", RouteAccess::Role(Role::Viewer)),
+    (Method::GET, "/api/v1/nodes/{id}", RouteAccess::Role(Role::Viewer)),
+    (Method::GET, "/api/v1/tasks", RouteAccess::Role(Role::Viewer)),
+    (Method::GET, "/api/v1/tasks/{id}", RouteAccess::Role(Role::Viewer)),
+    (Method::GET, "/metrics", RouteAccess::Role(Role::Viewer)),
+    (Method::POST, "/api/v1/artifacts", RouteAccess::Role(Role::Developer)),
+    (Method::POST, "/api/v1/tasks", RouteAccess::Role(Role::Developer)),
+    (Method::POST, "/api/v1/tasks/{id}/cancel", RouteAccess::Role(Role::Developer)),
+    (Method::POST, "/api/v1/join-tokens", RouteAccess::Role(Role::Operator)),
+    (Method::POST, "/api/v1/nodes/{id}/revoke", RouteAccess::Role(Role::Operator)),
+    (Method::GET, "/api/v1/api-tokens", RouteAccess::Role(Role::Admin)),
+    (Method::POST, "/api/v1/api-tokens", RouteAccess::Role(Role::Admin)),
+    (Method::POST, "/api/v1/api-tokens/{id}/revoke", RouteAccess::Role(Role::Admin)),
+];
+
+/// The access `method` on the route template `path` needs (HEAD as GET).
+fn required_access(method: &Method, path: &str) -> RouteAccess {
+    let method = if method == Method::HEAD { &Method::GET } else { method };
+    ROUTES
+        .iter()
+        .find(|(m, p, _)| m == method && *p == path)
+        .map_or(RouteAccess::Role(Role::Admin), |(_, _, access)| *access)
+}
+
+fn unauthorized(message: &str) -> Response {
+    ApiError::new(StatusCode::UNAUTHORIZED, "unauthorized", message).into_response()
+}
+
+/// The role of the bearer token on a request: the bootstrap token is admin;
+/// any other must be a live token in the store. `None` for a missing,
+/// unknown or revoked token.
+async fn caller_role(
+    shared: &Shared,
+    bootstrap: &str,
+    given: Option<&str>,
+) -> Result<Option<Role>, ApiError> {
+    let Some(given) = given.map(str::trim).filter(|token| !token.is_empty()) else {
+        return Ok(None);
+    };
+    // Hashes of equal length are compared, so the time taken says nothing
+    // about how close a guess was, nor how long the real token is.
+    let given_hash = access::sha256_hex(given);
+    if access::constant_time_eq(given_hash.as_bytes(), access::sha256_hex(bootstrap).as_bytes()) {
+        return Ok(Some(Role::Admin));
+    }
+    Ok(shared
+        .store
+        .api_token_by_hash(&given_hash)
+        .await?
+        .filter(|(_, stored)| access::constant_time_eq(stored.as_bytes(), given_hash.as_bytes()))
+        .map(|(record, _)| record.role))
+}
+
+/// Checks every request's bearer token against the role its route needs,
+/// before the body is read: a refused request changes nothing. Without a
+/// bootstrap token (`--api-token`) nothing is enforced; `start` warns.
+async fn authorize(
     State(shared): State<Arc<Shared>>,
     request: Request,
     next: Next,
 ) -> Response {
-    let Some(expected) = shared.api_token.as_deref() else {
+    let Some(bootstrap) = shared.api_token.as_deref() else {
         return next.run(request).await;
     };
-    let reading = matches!(
-        *request.method(),
-        Method::GET | Method::HEAD | Method::OPTIONS
-    );
-    if reading {
+    // No matched route: the fallback answers 404 and touches nothing.
+    let Some(route) = request.extensions().get::<MatchedPath>().map(|p| p.as_str().to_owned()) else {
         return next.run(request).await;
-    }
+    };
+    let needed = match required_access(request.method(), &route) {
+        RouteAccess::Public => return next.run(request).await,
+        RouteAccess::Role(role) => role,
+    };
+    let has_header = request.headers().contains_key(header::AUTHORIZATION);
+    // Copied out: the request's body is not Sync, so no reference to it may
+    // be held across the store lookup.
     let given = request
         .headers()
         .get(header::AUTHORIZATION)
         .and_then(|value| value.to_str().ok())
-        .and_then(|value| value.strip_prefix("Bearer "));
-    match given {
-        Some(token) if same_token(token.trim().as_bytes(), expected.as_bytes()) => {
-            next.run(request).await
-        }
-        Some(_) => ApiError::new(
-            StatusCode::UNAUTHORIZED,
-            "unauthorized",
-            "the bearer token is wrong; pass the coordinator's API token (starling --token or STARLING_API_TOKEN)",
+        .and_then(|value| value.strip_prefix("Bearer "))
+        .map(str::to_owned);
+    let method = request.method().clone();
+    match caller_role(&shared, bootstrap, given.as_deref()).await {
+        Ok(Some(role)) if role.allows(needed) => next.run(request).await,
+        Ok(Some(role)) => ApiError::new(
+            StatusCode::FORBIDDEN,
+            "forbidden",
+            format!(
+                "{method} {route} needs the {needed} role; this token is {role}; ask an admin for a token with `starling api-token create --role {needed}`"
+            ),
         )
         .into_response(),
-        None => ApiError::new(
-            StatusCode::UNAUTHORIZED,
-            "unauthorized",
-            "this coordinator requires a token for changes; send Authorization: Bearer TOKEN (starling --token or STARLING_API_TOKEN)",
-        )
-        .into_response(),
+        Ok(None) if has_header => unauthorized(
+            "the bearer token is unknown or revoked; pass a valid API token (starling --token, STARLING_API_TOKEN)",
+        ),
+        Ok(None) => unauthorized(
+            "this coordinator requires an API token; send Authorization: Bearer TOKEN (starling --token, STARLING_API_TOKEN)",
+        ),
+        Err(error) => error.into_response(),
     }
+}
+
+/// The coordinator's identity: what a node pins before trusting it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct Identity {
+    /// The ed25519 public key (64 hex digits) assignments are signed with.
+    pub coordinator_key: String,
+    /// The wire protocol version it speaks.
+    pub protocol_version: u16,
+    /// The MQTT topic prefix.
+    pub topic_prefix: String,
+}
+
+/// An enrollment request.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct EnrollRequest {
+    /// A join token from `starling token create`.
+    pub join_token: String,
+    /// The node id to enroll (it becomes the MQTT user name).
+    pub node_id: String,
+}
+
+/// A join token request.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct CreateJoinToken {
+    /// Seconds until it expires (default 3600, at most 30 days).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ttl_seconds: Option<u64>,
+    /// How many nodes may enroll with it (default 1).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub uses: Option<u32>,
+}
+
+/// A join token, shown once.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct JoinTokenCreated {
+    /// Its id.
+    pub id: String,
+    /// The secret: give it to `starling-agent run --join-token`. Only its
+    /// hash is stored; it cannot be shown again.
+    pub token: String,
+    /// When it expires, Unix milliseconds.
+    pub expires_ms: u64,
+    /// How many nodes may enroll with it.
+    pub uses: u32,
+}
+
+/// An API token request.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct CreateApiToken {
+    /// Who or what it is for.
+    pub name: String,
+    /// Its role.
+    pub role: Role,
+}
+
+/// An API token, shown once.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct ApiTokenCreated {
+    /// Its id (for revoking).
+    pub id: String,
+    /// Who or what it is for.
+    pub name: String,
+    /// Its role.
+    pub role: Role,
+    /// The secret (`stk_…`). Only its hash is stored; it cannot be shown again.
+    pub token: String,
+    /// When it was created, Unix milliseconds.
+    pub created_ms: u64,
+}
+
+/// The API token list.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct ApiTokenList {
+    /// Tokens, oldest first, revoked ones included; never their secrets.
+    pub tokens: Vec<ApiTokenRecord>,
+}
+
+/// A node revocation.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct NodeRevoked {
+    /// The node.
+    pub node_id: String,
+    /// Tasks that were in flight on it and went back to the queue (or ended).
+    pub requeued_tasks: Vec<String>,
+}
+
+/// Longest join token life.
+const MAX_JOIN_TOKEN_TTL_SECONDS: u64 = 30 * 24 * 3600;
+/// Default join token life.
+const DEFAULT_JOIN_TOKEN_TTL_SECONDS: u64 = 3600;
+/// Most nodes one join token may enroll.
+const MAX_JOIN_TOKEN_USES: u32 = 10_000;
+/// Longest API token name.
+const MAX_TOKEN_NAME_LEN: usize = 128;
+
+fn json_body<T>(body: Result<Json<T>, JsonRejection>, schema: &str) -> Result<T, ApiError> {
+    body.map(|Json(value)| value).map_err(|rejection| {
+        ApiError::new(
+            rejection.status(),
+            "invalid_json",
+            format!(
+                "{}; see {schema} in GET /api/v1/openapi.json",
+                rejection.body_text()
+            ),
+        )
+    })
+}
+
+/// The coordinator's public key and protocol version, for nodes to pin.
+#[utoipa::path(
+    get,
+    path = "/api/v1/identity",
+    security(()),
+    responses((status = 200, description = "The coordinator's identity", body = Identity))
+)]
+async fn identity(State(shared): State<Arc<Shared>>) -> Json<Identity> {
+    Json(Identity {
+        coordinator_key: shared.coordinator_key(),
+        protocol_version: PROTOCOL_VERSION,
+        topic_prefix: shared.topics.prefix().to_string(),
+    })
+}
+
+/// Stores new node credentials and refreshes the broker's view of them.
+pub(crate) async fn refresh_access(shared: &Shared) {
+    if let Err(error) =
+        access::refresh(&shared.store, &shared.mqtt_access, shared.mosquitto.as_ref()).await
+    {
+        // The store holds the truth; the next change or restart rewrites the
+        // files, so the operator can fix the directory meanwhile.
+        tracing::error!(%error, "cannot refresh MQTT credentials");
+    }
+}
+
+/// Enrolls a node with a join token: returns its MQTT credentials (shown
+/// once) and the coordinator's key to pin.
+#[utoipa::path(
+    post,
+    path = "/api/v1/enroll",
+    security(()),
+    request_body = EnrollRequest,
+    responses(
+        (status = 201, description = "Enrolled; keep the password, it is not shown again", body = NodeCredentials),
+        (status = 400, description = "Invalid node id", body = ApiError),
+        (status = 401, description = "The join token is invalid, expired or used up", body = ApiError),
+        (status = 409, description = "The node is enrolled already (revoke it first)", body = ApiError)
+    )
+)]
+async fn enroll(
+    State(shared): State<Arc<Shared>>,
+    body: Result<Json<EnrollRequest>, JsonRejection>,
+) -> Result<(StatusCode, Json<NodeCredentials>), ApiError> {
+    let request = json_body(body, "EnrollRequest")?;
+    let node = NodeId::new(&request.node_id).map_err(|error| {
+        bad_request(
+            "invalid_node_id",
+            format!("node id {:?}: {error}", request.node_id),
+        )
+    })?;
+    if shared.mqtt_access.is_internal_user(node.as_str()) {
+        return Err(ApiError::new(
+            StatusCode::CONFLICT,
+            "node_id_reserved",
+            format!("{node} is the coordinator's own MQTT user; pick another node id"),
+        ));
+    }
+    let (password, hashes) = access::new_node_password().map_err(ApiError::internal)?;
+    let outcome = shared
+        .store
+        .enroll_node(
+            &access::sha256_hex(request.join_token.trim()),
+            node.as_str(),
+            &hashes.sha256,
+            &hashes.mosquitto,
+            unix_now_ms(),
+        )
+        .await?;
+    match outcome {
+        EnrollOutcome::Enrolled => {}
+        EnrollOutcome::BadToken => {
+            return Err(ApiError::new(
+                StatusCode::UNAUTHORIZED,
+                "invalid_join_token",
+                "the join token is invalid, expired or used up; create one with `starling token create`",
+            ))
+        }
+        EnrollOutcome::AlreadyEnrolled => {
+            return Err(ApiError::new(
+                StatusCode::CONFLICT,
+                "node_enrolled",
+                format!("node {node} is enrolled already; its credentials stay valid (an operator can `starling node revoke {node}` first to enroll it again)"),
+            ))
+        }
+    }
+    refresh_access(&shared).await;
+    tracing::info!(node = %node, "node enrolled");
+    Ok((
+        StatusCode::CREATED,
+        Json(NodeCredentials {
+            node_id: node.to_string(),
+            mqtt_username: node.to_string(),
+            mqtt_password: password,
+            coordinator_key: shared.coordinator_key(),
+            topic_prefix: shared.topics.prefix().to_string(),
+        }),
+    ))
+}
+
+/// Creates a join token (operator).
+#[utoipa::path(
+    post,
+    path = "/api/v1/join-tokens",
+    request_body = CreateJoinToken,
+    responses(
+        (status = 201, description = "Created; the secret is shown only here", body = JoinTokenCreated),
+        (status = 400, description = "Invalid lifetime or uses", body = ApiError),
+        (status = 401, description = "Missing or unknown token", body = ApiError),
+        (status = 403, description = "Needs the operator role", body = ApiError)
+    )
+)]
+async fn create_join_token(
+    State(shared): State<Arc<Shared>>,
+    body: Result<Json<CreateJoinToken>, JsonRejection>,
+) -> Result<(StatusCode, Json<JoinTokenCreated>), ApiError> {
+    let request = json_body(body, "CreateJoinToken")?;
+    let ttl = request.ttl_seconds.unwrap_or(DEFAULT_JOIN_TOKEN_TTL_SECONDS);
+    if ttl == 0 || ttl > MAX_JOIN_TOKEN_TTL_SECONDS {
+        return Err(bad_request(
+            "invalid_ttl",
+            format!("ttl_seconds must be 1..={MAX_JOIN_TOKEN_TTL_SECONDS} (30 days)"),
+        ));
+    }
+    let uses = request.uses.unwrap_or(1);
+    if uses == 0 || uses > MAX_JOIN_TOKEN_USES {
+        return Err(bad_request(
+            "invalid_uses",
+            format!("uses must be 1..={MAX_JOIN_TOKEN_USES}"),
+        ));
+    }
+    let token = access::new_secret(access::JOIN_TOKEN_PREFIX).map_err(ApiError::internal)?;
+    let id = uuid::Uuid::now_v7().to_string();
+    let now_ms = unix_now_ms();
+    let expires_ms = now_ms.saturating_add(ttl.saturating_mul(1000));
+    shared
+        .store
+        .insert_join_token(&id, &access::sha256_hex(&token), uses, expires_ms, now_ms)
+        .await?;
+    Ok((
+        StatusCode::CREATED,
+        Json(JoinTokenCreated {
+            id,
+            token,
+            expires_ms,
+            uses,
+        }),
+    ))
+}
+
+/// Revokes a node's credentials (operator): the broker refuses its next
+/// connection, its messages are ignored, and its in-flight tasks are re-placed.
+#[utoipa::path(
+    post,
+    path = "/api/v1/nodes/{id}/revoke",
+    params(("id" = String, Path, description = "The node's id")),
+    responses(
+        (status = 200, description = "Revoked", body = NodeRevoked),
+        (status = 401, description = "Missing or unknown token", body = ApiError),
+        (status = 403, description = "Needs the operator role", body = ApiError),
+        (status = 404, description = "No enrolled, unrevoked node with this id", body = ApiError)
+    )
+)]
+async fn revoke_node(
+    State(shared): State<Arc<Shared>>,
+    Path(id): Path<String>,
+) -> Result<Json<NodeRevoked>, ApiError> {
+    let now_ms = unix_now_ms();
+    if !shared.store.revoke_node_credentials(&id, now_ms).await? {
+        return Err(ApiError::new(
+            StatusCode::NOT_FOUND,
+            "node_not_enrolled",
+            format!("node {id:?} has no live credentials (never enrolled, or revoked already)"),
+        ));
+    }
+    refresh_access(&shared).await;
+    if let Ok(node) = NodeId::new(&id) {
+        // Offline now rather than after the silence timeout: the scheduler
+        // must not hand it more work while its connection lingers.
+        let offline = starling_proto::Status {
+            v: PROTOCOL_VERSION,
+            node_id: node.clone(),
+            state: starling_proto::NodeState::Offline,
+        };
+        let _ = shared.registry_mut().apply_status(&node, offline, now_ms);
+    }
+    let lost = shared
+        .store
+        .requeue_node_tasks(&id, shared.max_attempts, now_ms)
+        .await?;
+    shared.wake_scheduler.notify_one();
+    tracing::warn!(node = %id, requeued = lost.len(), "node revoked");
+    Ok(Json(NodeRevoked {
+        node_id: id,
+        requeued_tasks: lost.into_iter().map(|task| task.task_id).collect(),
+    }))
+}
+
+/// Creates an API token (admin).
+#[utoipa::path(
+    post,
+    path = "/api/v1/api-tokens",
+    request_body = CreateApiToken,
+    responses(
+        (status = 201, description = "Created; the secret is shown only here", body = ApiTokenCreated),
+        (status = 400, description = "Invalid name", body = ApiError),
+        (status = 401, description = "Missing or unknown token", body = ApiError),
+        (status = 403, description = "Needs the admin role", body = ApiError),
+        (status = 422, description = "Unknown role", body = ApiError)
+    )
+)]
+async fn create_api_token(
+    State(shared): State<Arc<Shared>>,
+    body: Result<Json<CreateApiToken>, JsonRejection>,
+) -> Result<(StatusCode, Json<ApiTokenCreated>), ApiError> {
+    let request = json_body(body, "CreateApiToken")?;
+    let name = request.name.trim();
+    if name.is_empty() || name.len() > MAX_TOKEN_NAME_LEN {
+        return Err(bad_request(
+            "invalid_name",
+            format!("a token needs a name of 1..={MAX_TOKEN_NAME_LEN} bytes saying who it is for"),
+        ));
+    }
+    let token = access::new_secret(access::API_TOKEN_PREFIX).map_err(ApiError::internal)?;
+    let id = uuid::Uuid::now_v7().to_string();
+    let now_ms = unix_now_ms();
+    shared
+        .store
+        .insert_api_token(&id, name, request.role, &access::sha256_hex(&token), now_ms)
+        .await?;
+    tracing::info!(%id, name, role = %request.role, "API token created");
+    Ok((
+        StatusCode::CREATED,
+        Json(ApiTokenCreated {
+            id,
+            name: name.to_string(),
+            role: request.role,
+            token,
+            created_ms: now_ms,
+        }),
+    ))
+}
+
+/// Lists API tokens without their secrets (admin).
+#[utoipa::path(
+    get,
+    path = "/api/v1/api-tokens",
+    responses(
+        (status = 200, description = "Tokens", body = ApiTokenList),
+        (status = 401, description = "Missing or unknown token", body = ApiError),
+        (status = 403, description = "Needs the admin role", body = ApiError)
+    )
+)]
+async fn list_api_tokens(State(shared): State<Arc<Shared>>) -> Result<Json<ApiTokenList>, ApiError> {
+    Ok(Json(ApiTokenList {
+        tokens: shared.store.api_tokens().await?,
+    }))
+}
+
+/// Revokes an API token (admin); it is refused from then on.
+#[utoipa::path(
+    post,
+    path = "/api/v1/api-tokens/{id}/revoke",
+    params(("id" = String, Path, description = "The token's id")),
+    responses(
+        (status = 200, description = "Revoked", body = ApiTokenList),
+        (status = 401, description = "Missing or unknown token", body = ApiError),
+        (status = 403, description = "Needs the admin role", body = ApiError),
+        (status = 404, description = "No live token with this id", body = ApiError)
+    )
+)]
+async fn revoke_api_token(
+    State(shared): State<Arc<Shared>>,
+    Path(id): Path<String>,
+) -> Result<Json<ApiTokenList>, ApiError> {
+    if !shared.store.revoke_api_token(&id, unix_now_ms()).await? {
+        return Err(ApiError::new(
+            StatusCode::NOT_FOUND,
+            "token_not_found",
+            format!("no live API token {id:?}; list them with `starling api-token list`"),
+        ));
+    }
+    tracing::info!(%id, "API token revoked");
+    Ok(Json(ApiTokenList {
+        tokens: shared.store.api_tokens().await?,
+    }))
 }
 
 /// Reports whether the coordinator and its database answer.
@@ -895,7 +1394,10 @@ async fn submit_task(
         args: submission.args,
         class,
         demand,
-        limits: submission.limits,
+        limits: TaskLimits {
+            grants: submission.grants.unwrap_or(submission.limits.grants),
+            ..submission.limits
+        },
         work_seconds,
         priority: submission.priority,
         deadline_unix_ms: submission.deadline_ms.map(|ms| now_ms.saturating_add(ms)),
@@ -1160,6 +1662,30 @@ async fn metrics(State(shared): State<Arc<Shared>>) -> Result<Response, ApiError
         "Assignments published to nodes.",
         &[(String::new(), counters.assignments_published.load(Relaxed))],
     );
+    metric(
+        "starling_assignments_resent_total",
+        "counter",
+        "Assignments sent again because their node had not acknowledged them.",
+        &[(String::new(), counters.assignments_resent.load(Relaxed))],
+    );
+    metric(
+        "starling_assignments_rejected_total",
+        "counter",
+        "Assignments a node refused (bad signature, other node, expired, policy).",
+        &[(String::new(), counters.assignments_rejected.load(Relaxed))],
+    );
+    metric(
+        "starling_nodes_suspected_total",
+        "counter",
+        "Nodes marked offline because nothing was heard from them within the node timeout.",
+        &[(String::new(), counters.nodes_suspected.load(Relaxed))],
+    );
+    metric(
+        "starling_stale_attempts_cancelled_total",
+        "counter",
+        "Cancels sent to nodes reporting work on an attempt that is no longer current.",
+        &[(String::new(), counters.stale_cancels.load(Relaxed))],
+    );
     Ok(([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text).into_response())
 }
 
@@ -1179,10 +1705,31 @@ mod tests {
     use super::*;
 
     #[test]
-    fn token_comparison() {
-        assert!(same_token(b"secret", b"secret"));
-        assert!(!same_token(b"secreT", b"secret"));
-        assert!(!same_token(b"secret!", b"secret"));
+    fn every_route_has_an_access_rule() {
+        for (i, (method, path, access)) in ROUTES.iter().enumerate() {
+            assert_eq!(required_access(method, path), *access, "{method} {path}");
+            assert!(
+                !ROUTES[..i].iter().any(|(m, p, _)| m == method && p == path),
+                "{method} {path} is listed twice"
+            );
+        }
+        assert_eq!(
+            required_access(&Method::POST, "/api/v1/tasks"),
+            RouteAccess::Role(Role::Developer)
+        );
+        assert_eq!(
+            required_access(&Method::HEAD, "/api/v1/tasks"),
+            RouteAccess::Role(Role::Viewer)
+        );
+        // A method no rule names needs the highest role rather than none.
+        assert_eq!(
+            required_access(&Method::DELETE, "/api/v1/tasks/{id}"),
+            RouteAccess::Role(Role::Admin)
+        );
+        assert_eq!(
+            required_access(&Method::POST, "/api/v1/enroll"),
+            RouteAccess::Public
+        );
     }
 
     #[test]

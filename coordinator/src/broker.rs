@@ -1,11 +1,21 @@
 //! The MQTT broker side: the embedded rumqttd broker the coordinator starts by
 //! default, and parsing of `mqtt://host:port` URLs for an external broker.
+//!
+//! The embedded broker authenticates every connection against
+//! [`MqttAccess`]: the coordinator's own login and the enrolled, non-revoked
+//! nodes. rumqttd 0.20 has no per-topic authorization, so confining each node
+//! to its own topics needs Mosquitto with the ACL the coordinator writes
+//! (`--mosquitto-auth-dir`); on the embedded broker, ingest still checks that
+//! the node in a message's topic and body agree and ignores revoked nodes.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::time::{Duration, Instant};
 
 use rumqttd::{Broker, Config, ConnectionSettings, RouterConfig, ServerSettings};
+
+use crate::access::MqttAccess;
 
 /// Headroom over [`starling_proto::limits::MAX_MESSAGE_BYTES`] for the MQTT
 /// packet's own header and topic name.
@@ -103,11 +113,15 @@ impl BrokerAddress {
 }
 
 /// Starts rumqttd on `listen` in its own threads and returns the address it
-/// listens on once it accepts TCP connections.
+/// listens on once it accepts TCP connections. Each connection must log in
+/// with credentials `access` accepts; one without any is refused.
 ///
 /// rumqttd binds its listener itself and offers no way to stop it, so the
 /// broker lives until the process exits.
-pub fn start_embedded_broker(listen: SocketAddr) -> Result<SocketAddr, StartBrokerError> {
+pub fn start_embedded_broker(
+    listen: SocketAddr,
+    access: Arc<MqttAccess>,
+) -> Result<SocketAddr, StartBrokerError> {
     // rumqttd cannot report the port it bound, and it logs a bind failure from
     // its own thread instead of returning it. So we bind here first: that
     // reports "address in use" to the caller and, for port 0, picks a free
@@ -124,7 +138,7 @@ pub fn start_embedded_broker(listen: SocketAddr) -> Result<SocketAddr, StartBrok
     })?;
     drop(probe);
 
-    let server = ServerSettings {
+    let mut server = ServerSettings {
         name: "starling-v4".to_string(),
         listen: addr,
         tls: None,
@@ -138,6 +152,19 @@ pub fn start_embedded_broker(listen: SocketAddr) -> Result<SocketAddr, StartBrok
             dynamic_filters: true,
         },
     };
+    // rumqttd refuses a connect without a login as soon as a handler is set,
+    // so anonymous clients are let in only by a handler that says so.
+    if access.allows_anonymous() {
+        tracing::debug!("embedded broker: anonymous clients allowed");
+    } else {
+        server.set_auth_handler(move |_client_id, username, password| {
+            let allowed = access.check(&username, &password);
+            if !allowed {
+                tracing::warn!(%username, "embedded broker refused a login");
+            }
+            async move { allowed }
+        });
+    }
     let config = Config {
         id: 0,
         router: RouterConfig {

@@ -9,7 +9,9 @@ use base64::Engine as _;
 use clap::{Parser, Subcommand};
 use indicatif::{ProgressBar, ProgressStyle};
 
-use crate::api::{NodeSummary, SubmitTask, TaskDetail, TaskSummary};
+use crate::api::{
+    CreateApiToken, CreateJoinToken, NodeSummary, SubmitTask, TaskDetail, TaskSummary,
+};
 use crate::client::{Client, ClientError};
 use crate::manifest::{parse_duration, parse_size, Manifest};
 use crate::task::{TaskKind, TaskLimits, TaskStatus};
@@ -44,13 +46,23 @@ Examples:
   starling tasks --state failed                   recent failed tasks
   starling task 0190c3e4-…                        one task: state, node, output, why it went there
   starling cancel 0190c3e4-…
+  starling token create --ttl 1h --uses 3         a join token for enrolling up to 3 agents (operator)
+  starling node revoke pi-7                       shut a node out: broker login, messages, its tasks move
+  starling api-token create --role developer --name ci
+                                                  a bearer token for CI (admin); shown once
+  starling api-token list | revoke ID
 
 A task.toml beside the module (or tasks/NAME/task.toml above it) sets the task's
 class, demand, work estimate and default deadline; for a .cl kernel its [opencl]
 section names the kernel, its arguments and work sizes.
 
-Exit status: 0 ok, 1 task failed or cancelled, 2 usage or request refused,
-3 coordinator unreachable.";
+The API token comes from --token, STARLING_API_TOKEN, or the admin.token that
+`starling up` writes under its data directory (./.starling/admin.token). Roles:
+viewer reads; developer also publishes, runs and cancels; operator also makes join
+tokens and revokes nodes; admin also manages API tokens.
+
+Exit status: 0 ok, 1 task failed or cancelled, 2 usage or request refused
+(401 no or bad token, 403 role too low), 3 coordinator unreachable.";
 
 /// Starling's command line client.
 #[derive(Debug, Parser)]
@@ -70,7 +82,7 @@ pub struct Cli {
         value_name = "URL"
     )]
     pub coordinator: String,
-    /// API token for coordinators that require one.
+    /// API token [default: STARLING_API_TOKEN, else ./.starling/admin.token from `starling up`].
     #[arg(
         long,
         global = true,
@@ -94,10 +106,20 @@ pub enum Command {
     Up(crate::up::UpArgs),
     /// List nodes: id, online, architecture, cores, memory, load.
     Nodes,
-    /// Show one node: capability, latest telemetry and status.
-    Node {
-        /// The node's id.
-        id: String,
+    /// Show one node (`starling node ID`), or revoke it (`starling node revoke ID`).
+    Node(NodeArgs),
+    /// Join tokens that let agents enroll (operator role).
+    Token {
+        /// What to do.
+        #[command(subcommand)]
+        action: TokenAction,
+    },
+    /// API tokens and their roles (admin role).
+    #[command(name = "api-token")]
+    ApiToken {
+        /// What to do.
+        #[command(subcommand)]
+        action: ApiTokenAction,
     },
     /// Upload a WebAssembly module, or an OpenCL kernel with its manifest; prints its digest.
     ///
@@ -130,6 +152,69 @@ pub enum Command {
     /// Cancel a task.
     Cancel {
         /// The task's id.
+        id: String,
+    },
+}
+
+/// Arguments of `starling node`.
+#[derive(Debug, clap::Args)]
+#[command(args_conflicts_with_subcommands = true, subcommand_negates_reqs = true)]
+pub struct NodeArgs {
+    /// The node's id: show its capability, latest telemetry and status.
+    #[arg(required = true)]
+    pub id: Option<String>,
+    /// Or act on a node.
+    #[command(subcommand)]
+    pub action: Option<NodeAction>,
+}
+
+/// `starling node` actions.
+#[derive(Debug, Subcommand)]
+pub enum NodeAction {
+    /// Revoke a node's credentials (operator): the broker refuses its next
+    /// login, its messages are ignored, its in-flight tasks are placed again.
+    /// It can enroll again only with a new join token.
+    Revoke {
+        /// The node's id.
+        id: String,
+    },
+}
+
+/// `starling token` actions.
+#[derive(Debug, Subcommand)]
+pub enum TokenAction {
+    /// Create a join token; an agent enrolls with it once
+    /// (`starling-agent run --coordinator-url URL --join-token TOKEN`).
+    /// The secret is printed once and stored only as a hash.
+    Create {
+        /// How long it stays valid (e.g. 10m, 1h, 7d is 168h).
+        #[arg(long, default_value = "1h", value_name = "DUR")]
+        ttl: String,
+        /// How many agents may enroll with it.
+        #[arg(long, default_value_t = 1, value_name = "N")]
+        uses: u32,
+    },
+}
+
+/// `starling api-token` actions.
+#[derive(Debug, Subcommand)]
+pub enum ApiTokenAction {
+    /// Create a bearer token with a role; the secret is printed once and
+    /// stored only as a hash.
+    Create {
+        /// viewer (read), developer (+ publish, run, cancel), operator (+ join
+        /// tokens, revoke nodes) or admin (+ API tokens).
+        #[arg(long, value_name = "ROLE")]
+        role: crate::access::Role,
+        /// Who or what the token is for (e.g. ci, grafana, alice).
+        #[arg(long, value_name = "NAME")]
+        name: String,
+    },
+    /// List tokens: id, name, role, created, revoked (never the secrets).
+    List,
+    /// Revoke a token by id; calls with it get 401 from then on.
+    Revoke {
+        /// The token's id, as `list` shows it.
         id: String,
     },
 }
@@ -207,7 +292,8 @@ fn print_json<T: serde::Serialize>(value: &T) -> Result<(), CliError> {
 
 /// Runs the CLI and returns the process's exit status.
 pub async fn run(cli: Cli) -> i32 {
-    let client = Client::new(&cli.coordinator, cli.token.clone());
+    let token = cli.token.clone().or_else(up_admin_token);
+    let client = Client::new(&cli.coordinator, token);
     match dispatch(&cli, &client).await {
         Ok(code) => code,
         Err(error) => {
@@ -215,6 +301,19 @@ pub async fn run(cli: Cli) -> i32 {
             error.exit_code()
         }
     }
+}
+
+/// Where `starling up`, run here with its default data directory, wrote its
+/// admin token: the fallback when neither --token nor STARLING_API_TOKEN is given.
+pub fn default_admin_token_path() -> PathBuf {
+    Path::new(crate::up::DEFAULT_UP_DATA_DIR).join(crate::up::ADMIN_TOKEN_FILE)
+}
+
+fn up_admin_token() -> Option<String> {
+    std::fs::read_to_string(default_admin_token_path())
+        .ok()
+        .map(|text| text.trim().to_string())
+        .filter(|token| !token.is_empty())
 }
 
 async fn dispatch(cli: &Cli, client: &Client) -> Result<i32, CliError> {
@@ -232,11 +331,55 @@ async fn dispatch(cli: &Cli, client: &Client) -> Result<i32, CliError> {
             }
             Ok(EXIT_OK)
         }
-        Command::Node { id } => {
+        Command::Node(NodeArgs {
+            action: Some(NodeAction::Revoke { id }),
+            ..
+        }) => {
+            let revoked = client.revoke_node(id).await?;
+            if cli.json {
+                print_json(&revoked)?;
+            } else {
+                println!(
+                    "{} revoked; {} task(s) in flight on it went back to the queue",
+                    revoked.node_id,
+                    revoked.requeued_tasks.len()
+                );
+            }
+            Ok(EXIT_OK)
+        }
+        Command::Node(NodeArgs { id, action: None }) => {
+            let id = id
+                .as_deref()
+                .ok_or_else(|| CliError::Usage("give a node id: starling node ID".into()))?;
             let node = client.node(id).await?;
             print_json(&node)?;
             Ok(EXIT_OK)
         }
+        Command::Token {
+            action: TokenAction::Create { ttl, uses },
+        } => {
+            let ttl = usage(parse_duration(ttl), "--ttl")?;
+            let created = client
+                .create_join_token(&CreateJoinToken {
+                    ttl_seconds: Some(ttl.as_secs().max(1)),
+                    uses: Some(*uses),
+                })
+                .await?;
+            if cli.json {
+                print_json(&created)?;
+            } else {
+                println!("{}", created.token);
+                eprintln!(
+                    "starling: join token for {} enrollment(s), valid for {}; shown only now.\n\
+                     starling: enroll an agent with: starling-agent run --coordinator-url {} --join-token TOKEN",
+                    created.uses,
+                    humanize(ttl),
+                    client.base()
+                );
+            }
+            Ok(EXIT_OK)
+        }
+        Command::ApiToken { action } => api_token(cli, client, action).await,
         Command::Publish { file, manifest } => {
             let stored = publish(client, file, manifest.as_deref()).await?;
             if cli.json {
@@ -280,6 +423,65 @@ async fn dispatch(cli: &Cli, client: &Client) -> Result<i32, CliError> {
             }
             Ok(EXIT_OK)
         }
+    }
+}
+
+async fn api_token(cli: &Cli, client: &Client, action: &ApiTokenAction) -> Result<i32, CliError> {
+    match action {
+        ApiTokenAction::Create { role, name } => {
+            let created = client
+                .create_api_token(&CreateApiToken {
+                    name: name.clone(),
+                    role: *role,
+                })
+                .await?;
+            if cli.json {
+                print_json(&created)?;
+            } else {
+                println!("{}", created.token);
+                eprintln!(
+                    "starling: {} token {} ({}) created; shown only now. Use it with --token or STARLING_API_TOKEN",
+                    created.role, created.id, created.name
+                );
+            }
+        }
+        ApiTokenAction::List => {
+            let tokens = client.api_tokens().await?.tokens;
+            if cli.json {
+                print_json(&tokens)?;
+            } else if tokens.is_empty() {
+                println!("no API tokens (the bootstrap --api-token is not listed)");
+            } else {
+                println!("{:<38} {:<10} {:<20} {:<8}", "ID", "ROLE", "NAME", "STATE");
+                for token in tokens {
+                    println!(
+                        "{:<38} {:<10} {:<20} {:<8}",
+                        token.id,
+                        token.role,
+                        token.name,
+                        if token.revoked_ms.is_some() { "revoked" } else { "live" }
+                    );
+                }
+            }
+        }
+        ApiTokenAction::Revoke { id } => {
+            let tokens = client.revoke_api_token(id).await?.tokens;
+            if cli.json {
+                print_json(&tokens)?;
+            } else {
+                println!("{id} revoked");
+            }
+        }
+    }
+    Ok(EXIT_OK)
+}
+
+fn humanize(duration: Duration) -> String {
+    let seconds = duration.as_secs();
+    match seconds {
+        s if s % 3600 == 0 => format!("{}h", s / 3600),
+        s if s % 60 == 0 => format!("{}m", s / 60),
+        s => format!("{s}s"),
     }
 }
 
@@ -405,6 +607,7 @@ async fn run_task(cli: &Cli, client: &Client, args: &RunArgs) -> Result<i32, Cli
         demand: manifest.as_ref().map(|m| m.demand).unwrap_or_default(),
         limits,
         work_seconds: manifest.as_ref().and_then(|m| m.work_seconds),
+        grants: manifest.as_ref().map(|m| m.grants),
     };
     let task = client.submit(&submission).await?;
     if !args.wait {

@@ -4,8 +4,11 @@
 use reqwest::StatusCode;
 use serde::de::DeserializeOwned;
 
+use crate::access::NodeCredentials;
 use crate::api::{
-    ApiError, ArtifactStored, Health, NodeDetail, NodeList, SubmitTask, TaskDetail, TaskList,
+    ApiError, ApiTokenCreated, ApiTokenList, ArtifactStored, CreateApiToken, CreateJoinToken,
+    EnrollRequest, Health, Identity, JoinTokenCreated, NodeDetail, NodeList, NodeRevoked,
+    SubmitTask, TaskDetail, TaskList,
 };
 
 /// Why a call failed.
@@ -191,6 +194,54 @@ impl Client {
     /// `POST /tasks/{id}/cancel`.
     pub async fn cancel(&self, id: &str) -> Result<TaskDetail, ClientError> {
         let url = self.url(&format!("/tasks/{id}/cancel"));
+        self.send(self.http.post(&url), &url).await
+    }
+
+    /// `GET /identity`: the coordinator's public key and protocol version.
+    pub async fn identity(&self) -> Result<Identity, ClientError> {
+        let url = self.url("/identity");
+        self.send(self.http.get(&url), &url).await
+    }
+
+    /// `POST /enroll`: a node's credentials for a join token.
+    pub async fn enroll(&self, request: &EnrollRequest) -> Result<NodeCredentials, ClientError> {
+        let url = self.url("/enroll");
+        self.send(self.http.post(&url).json(request), &url).await
+    }
+
+    /// `POST /join-tokens`.
+    pub async fn create_join_token(
+        &self,
+        request: &CreateJoinToken,
+    ) -> Result<JoinTokenCreated, ClientError> {
+        let url = self.url("/join-tokens");
+        self.send(self.http.post(&url).json(request), &url).await
+    }
+
+    /// `POST /nodes/{id}/revoke`.
+    pub async fn revoke_node(&self, id: &str) -> Result<NodeRevoked, ClientError> {
+        let url = self.url(&format!("/nodes/{id}/revoke"));
+        self.send(self.http.post(&url), &url).await
+    }
+
+    /// `POST /api-tokens`.
+    pub async fn create_api_token(
+        &self,
+        request: &CreateApiToken,
+    ) -> Result<ApiTokenCreated, ClientError> {
+        let url = self.url("/api-tokens");
+        self.send(self.http.post(&url).json(request), &url).await
+    }
+
+    /// `GET /api-tokens`.
+    pub async fn api_tokens(&self) -> Result<ApiTokenList, ClientError> {
+        let url = self.url("/api-tokens");
+        self.send(self.http.get(&url), &url).await
+    }
+
+    /// `POST /api-tokens/{id}/revoke`.
+    pub async fn revoke_api_token(&self, id: &str) -> Result<ApiTokenList, ClientError> {
+        let url = self.url(&format!("/api-tokens/{id}/revoke"));
         self.send(self.http.post(&url), &url).await
     }
 }

@@ -255,7 +255,7 @@ async fn refusals_are_json_errors_with_the_right_status() {
 }
 
 #[tokio::test]
-async fn mutating_calls_need_the_token() {
+async fn calls_need_the_token() {
     let dir = tempfile::tempdir().unwrap();
     let running =
         common::start_coordinator(dir.path(), |c| c.api_token = Some("s3cret".into())).await;
@@ -299,6 +299,7 @@ async fn mutating_calls_need_the_token() {
     // Nothing was stored by the refused upload.
     let listed: Value = http
         .get(format!("{base}/tasks"))
+        .bearer_auth("s3cret")
         .send()
         .await
         .unwrap()
@@ -315,9 +316,17 @@ async fn mutating_calls_need_the_token() {
         .await
         .unwrap();
     assert_eq!(ok.status(), StatusCode::CREATED);
-    // Reading needs no token.
+    // Reading needs a token too (any role); health stays open for probes.
     assert_eq!(
         http.get(format!("{base}/nodes"))
+            .send()
+            .await
+            .unwrap()
+            .status(),
+        StatusCode::UNAUTHORIZED
+    );
+    assert_eq!(
+        http.get(format!("{base}/health"))
             .send()
             .await
             .unwrap()

@@ -50,6 +50,9 @@ pub use starling_tests::{free_port, Mosquitto, PostgresDb};
 /// Starts a coordinator in process on ephemeral ports.
 pub async fn start_coordinator(dir: &Path, adjust: impl FnOnce(&mut CoordinatorConfig)) -> Running {
     let mut config = CoordinatorConfig::ephemeral(dir);
+    // Stand-in agents here connect without enrolling; tests of broker
+    // authentication turn this off in `adjust`.
+    config.mqtt_allow_anonymous = true;
     adjust(&mut config);
     starling_coordinator::start(config).await.unwrap()
 }
@@ -204,6 +207,23 @@ pub async fn stand_in_agent(mqtt_url: &str, id: &'static str) {
         )
         .await
         .unwrap();
+    // Telemetry every second, as a real agent sends it: the coordinator
+    // suspects a node it has not heard from within its node timeout.
+    let heartbeat = client.clone();
+    tokio::spawn(async move {
+        let topic = Topics::default().node(&NodeId::new(id).unwrap(), Channel::Telemetry);
+        for seq in 1.. {
+            let report = encode(&telemetry(id, seq)).unwrap();
+            if heartbeat
+                .publish(topic.clone(), QoS::AtMostOnce, false, report)
+                .await
+                .is_err()
+            {
+                break;
+            }
+            tokio::time::sleep(Duration::from_secs(1)).await;
+        }
+    });
     tokio::spawn(async move {
         while let Some(publish) = incoming.recv().await {
             let Ok(assignment) = decode::<Assignment>(&publish.payload) else {

@@ -1,0 +1,549 @@
+//! Who may do what: REST roles and bearer tokens, join tokens, nodes' MQTT
+//! credentials, and the files an external Mosquitto authenticates with.
+//!
+//! Every secret the coordinator hands out (API token, join token, MQTT
+//! password) is 32 random bytes shown once; the store keeps only its sha256,
+//! so the database lets nobody in. Lookups compare hashes in constant time.
+//!
+//! The embedded broker asks [`MqttAccess`] at each connect; ingest asks it
+//! whether a message comes from a revoked node ([`ingest_allows`]). For a
+//! Mosquitto, [`MosquittoFiles`] writes a password file (`$7$` PBKDF2-SHA512
+//! lines) and an ACL that confines each node to its own topics, then signals
+//! Mosquitto to reload them.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::RwLock;
+
+use base64::Engine as _;
+use serde::{Deserialize, Serialize};
+use sha2::{Digest as _, Sha256, Sha512};
+use utoipa::ToSchema;
+
+use crate::access_store::NodeCredentialRow;
+use crate::store::{Store, StoreError};
+
+/// Prefix of REST API tokens, so a leaked one is recognisable in logs and scanners.
+pub const API_TOKEN_PREFIX: &str = "stk_";
+/// Prefix of join tokens.
+pub const JOIN_TOKEN_PREFIX: &str = "sjt_";
+/// Random bytes in every secret.
+pub const SECRET_BYTES: usize = 32;
+/// PBKDF2 rounds of a Mosquitto `$7$` hash: what `mosquitto_passwd` writes.
+/// The passwords are 256-bit random strings, so the rounds are not what
+/// protects them.
+pub const MOSQUITTO_PBKDF2_ROUNDS: u32 = 101;
+/// Salt length of a Mosquitto `$7$` hash, as `mosquitto_passwd` writes it.
+const MOSQUITTO_SALT_BYTES: usize = 12;
+/// The user name of the coordinator's own MQTT connection to the embedded
+/// broker (a node may not enroll under it).
+pub const INTERNAL_MQTT_USER: &str = "starling-coordinator";
+
+/// A caller's rights over the REST API. Each role has every right of the ones
+/// below it: viewer < developer < operator < admin.
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize, ToSchema,
+)]
+#[serde(rename_all = "lowercase")]
+pub enum Role {
+    /// Reads nodes, tasks, artifacts' metadata and metrics.
+    Viewer,
+    /// Also uploads artifacts, submits and cancels tasks.
+    Developer,
+    /// Also creates join tokens and revokes nodes.
+    Operator,
+    /// Also creates, lists and revokes API tokens.
+    Admin,
+}
+
+impl Role {
+    /// Every role, lowest first.
+    pub const ALL: [Role; 4] = [Role::Viewer, Role::Developer, Role::Operator, Role::Admin];
+
+    /// The role's name as the API and the CLI write it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Role::Viewer => "viewer",
+            Role::Developer => "developer",
+            Role::Operator => "operator",
+            Role::Admin => "admin",
+        }
+    }
+
+    /// Whether a caller with this role may do what `needed` allows.
+    pub fn allows(self, needed: Role) -> bool {
+        self >= needed
+    }
+}
+
+impl std::fmt::Display for Role {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A role name that is not one of the four.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("unknown role {0:?}; use viewer, developer, operator or admin")]
+pub struct UnknownRole(pub String);
+
+impl std::str::FromStr for Role {
+    type Err = UnknownRole;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Role::ALL
+            .into_iter()
+            .find(|role| role.as_str() == s)
+            .ok_or_else(|| UnknownRole(s.to_string()))
+    }
+}
+
+/// Why an access operation failed.
+#[derive(Debug, thiserror::Error)]
+pub enum AccessError {
+    /// The operating system gave no random bytes.
+    #[error("cannot draw random bytes for a secret: {0}")]
+    Random(String),
+    /// The store failed.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    /// A Mosquitto file could not be written.
+    #[error("cannot write {path}: {source}; check --mosquitto-auth-dir")]
+    Write {
+        /// The file.
+        path: PathBuf,
+        /// The OS error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// Mosquitto could not be told to reload its files.
+    #[error("cannot signal Mosquitto to reload ({detail}); check --mosquitto-pid-file")]
+    Reload {
+        /// What went wrong.
+        detail: String,
+    },
+}
+
+/// A fresh secret: `prefix` and 32 random bytes in unpadded base64url.
+pub fn new_secret(prefix: &str) -> Result<String, AccessError> {
+    let mut bytes = [0u8; SECRET_BYTES];
+    getrandom::fill(&mut bytes).map_err(|error| AccessError::Random(error.to_string()))?;
+    Ok(format!(
+        "{prefix}{}",
+        base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(bytes)
+    ))
+}
+
+/// The sha256 of a secret, as 64 hex digits: what the store keeps.
+pub fn sha256_hex(secret: &str) -> String {
+    hex::encode(Sha256::digest(secret.as_bytes()))
+}
+
+/// Compares two byte strings without an early exit, so response times do not
+/// leak how much of a guess was right.
+pub fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    if a.len() != b.len() {
+        return false;
+    }
+    a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+/// A Mosquitto `$7$` password hash (PBKDF2-SHA512, the format of
+/// `mosquitto_passwd` in Mosquitto 2) of `password` with `salt`.
+pub fn mosquitto_hash_with_salt(password: &str, salt: &[u8]) -> String {
+    let mut derived = [0u8; 64];
+    pbkdf2::pbkdf2_hmac::<Sha512>(
+        password.as_bytes(),
+        salt,
+        MOSQUITTO_PBKDF2_ROUNDS,
+        &mut derived,
+    );
+    let b64 = base64::engine::general_purpose::STANDARD;
+    format!(
+        "$7${MOSQUITTO_PBKDF2_ROUNDS}${}${}",
+        b64.encode(salt),
+        b64.encode(derived)
+    )
+}
+
+/// A Mosquitto `$7$` password hash of `password` with a fresh random salt.
+pub fn mosquitto_hash(password: &str) -> Result<String, AccessError> {
+    let mut salt = [0u8; MOSQUITTO_SALT_BYTES];
+    getrandom::fill(&mut salt).map_err(|error| AccessError::Random(error.to_string()))?;
+    Ok(mosquitto_hash_with_salt(password, &salt))
+}
+
+/// A node's MQTT credentials, as enrollment hands them out (once).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct NodeCredentials {
+    /// The node's id.
+    pub node_id: String,
+    /// Its MQTT user name (the node id).
+    pub mqtt_username: String,
+    /// Its MQTT password; shown only here, stored hashed.
+    pub mqtt_password: String,
+    /// The coordinator's ed25519 public key (64 hex digits): the node pins it
+    /// and verifies every assignment's signature against it.
+    pub coordinator_key: String,
+    /// The MQTT topic prefix (`starling/v1`).
+    pub topic_prefix: String,
+}
+
+/// The hashes stored for a new MQTT password.
+#[derive(Debug, Clone)]
+pub struct PasswordHashes {
+    /// sha256 of the password, hex.
+    pub sha256: String,
+    /// The Mosquitto `$7$` line.
+    pub mosquitto: String,
+}
+
+/// Draws a node password and its hashes.
+pub fn new_node_password() -> Result<(String, PasswordHashes), AccessError> {
+    let password = new_secret("")?;
+    let hashes = PasswordHashes {
+        sha256: sha256_hex(&password),
+        mosquitto: mosquitto_hash(&password)?,
+    };
+    Ok((password, hashes))
+}
+
+#[derive(Debug, Clone)]
+struct NodeEntry {
+    password_sha256: String,
+    revoked: bool,
+}
+
+/// Who may connect to the embedded broker, and which nodes are revoked; an
+/// in-memory copy of the store's node credentials, refreshed after each
+/// enrollment and revocation.
+#[derive(Debug)]
+pub struct MqttAccess {
+    internal_user: String,
+    internal_password_sha256: String,
+    allow_anonymous: bool,
+    nodes: RwLock<HashMap<String, NodeEntry>>,
+}
+
+impl MqttAccess {
+    /// Access for a coordinator whose own connection uses `internal_user` and
+    /// `internal_password`. `allow_anonymous` lets clients without (or with
+    /// unknown) credentials in: development only.
+    pub fn new(internal_user: &str, internal_password: &str, allow_anonymous: bool) -> Self {
+        Self {
+            internal_user: internal_user.to_string(),
+            internal_password_sha256: sha256_hex(internal_password),
+            allow_anonymous,
+            nodes: RwLock::new(HashMap::new()),
+        }
+    }
+
+    /// Whether `name` is the coordinator's own MQTT user, which no node may take.
+    pub fn is_internal_user(&self, name: &str) -> bool {
+        name == self.internal_user
+    }
+
+    /// Whether anonymous clients are let in.
+    pub fn allows_anonymous(&self) -> bool {
+        self.allow_anonymous
+    }
+
+    /// Whether a client presenting `username` and `password` may connect:
+    /// the coordinator itself, or an enrolled node that is not revoked.
+    pub fn check(&self, username: &str, password: &str) -> bool {
+        let given = sha256_hex(password);
+        if username == self.internal_user {
+            return constant_time_eq(given.as_bytes(), self.internal_password_sha256.as_bytes());
+        }
+        let known = self
+            .nodes
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .get(username)
+            .cloned();
+        match known {
+            Some(entry) if !entry.revoked => {
+                constant_time_eq(given.as_bytes(), entry.password_sha256.as_bytes())
+            }
+            // A revoked node stays out even where anonymous clients are let in.
+            Some(_) => false,
+            None => self.allow_anonymous,
+        }
+    }
+
+    /// Whether `node_id` was enrolled and then revoked.
+    pub fn is_revoked(&self, node_id: &str) -> bool {
+        self.nodes
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .get(node_id)
+            .is_some_and(|entry| entry.revoked)
+    }
+
+    /// Replaces the cached credentials with the store's.
+    pub fn replace(&self, rows: &[NodeCredentialRow]) {
+        let map = rows
+            .iter()
+            .map(|row| {
+                (
+                    row.node_id.clone(),
+                    NodeEntry {
+                        password_sha256: row.password_sha256.clone(),
+                        revoked: row.revoked_ms.is_some(),
+                    },
+                )
+            })
+            .collect();
+        *self
+            .nodes
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = map;
+    }
+}
+
+/// The password file and ACL of an external Mosquitto, rewritten whenever
+/// the set of enrolled nodes changes.
+#[derive(Debug, Clone)]
+pub struct MosquittoFiles {
+    /// Where `passwd` and `acl` are written.
+    pub dir: PathBuf,
+    /// Mosquitto's `pid_file`; it gets SIGHUP after each rewrite.
+    pub pid_file: Option<PathBuf>,
+    /// The coordinator's own Mosquitto user.
+    pub username: String,
+    /// Its `$7$` hash line (computed once at start).
+    pub password_hash: String,
+    /// The topic prefix the ACL confines nodes under.
+    pub topic_prefix: String,
+}
+
+impl MosquittoFiles {
+    /// The password file's path.
+    pub fn passwd_path(&self) -> PathBuf {
+        self.dir.join("passwd")
+    }
+
+    /// The ACL file's path.
+    pub fn acl_path(&self) -> PathBuf {
+        self.dir.join("acl")
+    }
+
+    /// The password file's text: the coordinator, then every node not revoked.
+    pub fn passwd_text(&self, nodes: &[NodeCredentialRow]) -> String {
+        let mut text = format!("{}:{}\n", self.username, self.password_hash);
+        for node in nodes.iter().filter(|node| node.revoked_ms.is_none()) {
+            text.push_str(&format!("{}:{}\n", node.node_id, node.mosquitto_hash));
+        }
+        text
+    }
+
+    /// The ACL's text. Patterns come first because Mosquitto applies them to
+    /// every user; `%u` is the user name, which is the node id.
+    pub fn acl_text(&self) -> String {
+        let prefix = &self.topic_prefix;
+        let mut text = String::from(
+            "# Written by starling-coordinator; it is rewritten on every enrollment and revocation.\n\
+             # Each node writes its own reports and reads its own orders, nothing else.\n",
+        );
+        for channel in ["capability", "telemetry", "status", "events"] {
+            text.push_str(&format!("pattern write {prefix}/nodes/%u/{channel}\n"));
+        }
+        for channel in ["assign", "cancel", "ack"] {
+            text.push_str(&format!("pattern read {prefix}/nodes/%u/{channel}\n"));
+        }
+        text.push_str(&format!(
+            "\nuser {}\ntopic readwrite {prefix}/#\n",
+            self.username
+        ));
+        text
+    }
+
+    /// Writes both files atomically (write beside, then rename) with mode
+    /// 0600, and signals Mosquitto to reload them.
+    pub fn write(&self, nodes: &[NodeCredentialRow]) -> Result<(), AccessError> {
+        std::fs::create_dir_all(&self.dir).map_err(|source| AccessError::Write {
+            path: self.dir.clone(),
+            source,
+        })?;
+        write_atomically(&self.passwd_path(), &self.passwd_text(nodes))?;
+        write_atomically(&self.acl_path(), &self.acl_text())?;
+        self.reload()
+    }
+
+    /// SIGHUP to the pid in the pid file: Mosquitto rereads its password file
+    /// and ACL. Without a pid file the operator reloads it.
+    fn reload(&self) -> Result<(), AccessError> {
+        let Some(pid_file) = &self.pid_file else {
+            return Ok(());
+        };
+        let text = match std::fs::read_to_string(pid_file) {
+            Ok(text) => text,
+            // Mosquitto not started yet: it reads the files when it starts.
+            Err(error) if error.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+            Err(error) => {
+                return Err(AccessError::Reload {
+                    detail: format!("{}: {error}", pid_file.display()),
+                })
+            }
+        };
+        let pid: u32 = text.trim().parse().map_err(|_| AccessError::Reload {
+            detail: format!("{} holds no pid", pid_file.display()),
+        })?;
+        // `kill` rather than libc: the workspace forbids unsafe code.
+        let status = std::process::Command::new("kill")
+            .arg("-HUP")
+            .arg(pid.to_string())
+            .status()
+            .map_err(|error| AccessError::Reload {
+                detail: format!("cannot run kill: {error}"),
+            })?;
+        if status.success() {
+            Ok(())
+        } else {
+            Err(AccessError::Reload {
+                detail: format!("kill -HUP {pid} failed ({status})"),
+            })
+        }
+    }
+}
+
+fn write_atomically(path: &Path, text: &str) -> Result<(), AccessError> {
+    use std::io::Write as _;
+    let error = |source| AccessError::Write {
+        path: path.to_path_buf(),
+        source,
+    };
+    let temporary = path.with_extension("tmp");
+    let mut options = std::fs::OpenOptions::new();
+    options.write(true).create(true).truncate(true);
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::OpenOptionsExt as _;
+        options.mode(0o600);
+    }
+    let mut file = options.open(&temporary).map_err(error)?;
+    file.write_all(text.as_bytes()).map_err(error)?;
+    file.sync_all().map_err(error)?;
+    drop(file);
+    std::fs::rename(&temporary, path).map_err(error)
+}
+
+/// Rereads the node credentials from the store into the broker's cache and,
+/// when configured, the Mosquitto files.
+pub(crate) async fn refresh(
+    store: &Store,
+    mqtt: &MqttAccess,
+    mosquitto: Option<&MosquittoFiles>,
+) -> Result<(), AccessError> {
+    let rows = store.node_credentials().await?;
+    mqtt.replace(&rows);
+    if let Some(files) = mosquitto {
+        files.write(&rows)?;
+    }
+    Ok(())
+}
+
+/// Stores fresh credentials for `node_id` (replacing any) and returns them.
+pub(crate) async fn mint_credentials(
+    shared: &crate::Shared,
+    node_id: &str,
+) -> Result<NodeCredentials, AccessError> {
+    let (password, hashes) = new_node_password()?;
+    shared
+        .store
+        .set_node_credentials(
+            node_id,
+            &hashes.sha256,
+            &hashes.mosquitto,
+            crate::task::unix_now_ms(),
+        )
+        .await?;
+    refresh(&shared.store, &shared.mqtt_access, shared.mosquitto.as_ref()).await?;
+    Ok(NodeCredentials {
+        node_id: node_id.to_string(),
+        mqtt_username: node_id.to_string(),
+        mqtt_password: password,
+        coordinator_key: shared.coordinator_key(),
+        topic_prefix: shared.topics.prefix().to_string(),
+    })
+}
+
+/// Whether ingest should apply a message from `node_id`: not when the node's
+/// credentials were revoked (on the embedded broker a revoked node may still
+/// hold its connection until it drops).
+pub(crate) fn ingest_allows(shared: &crate::Shared, node_id: &str) -> bool {
+    !shared.mqtt_access.is_revoked(node_id)
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn roles_are_ordered_and_parse() {
+        assert!(Role::Admin.allows(Role::Viewer));
+        assert!(Role::Operator.allows(Role::Developer));
+        assert!(!Role::Developer.allows(Role::Operator));
+        assert!(!Role::Viewer.allows(Role::Developer));
+        for role in Role::ALL {
+            assert_eq!(role.as_str().parse::<Role>().unwrap(), role);
+        }
+        assert!("root".parse::<Role>().is_err());
+    }
+
+    #[test]
+    fn secrets_are_fresh_and_prefixed() {
+        let a = new_secret(API_TOKEN_PREFIX).unwrap();
+        let b = new_secret(API_TOKEN_PREFIX).unwrap();
+        assert!(a.starts_with("stk_"));
+        assert_ne!(a, b);
+        assert_eq!(a.len(), 4 + 43);
+        assert_eq!(sha256_hex(&a).len(), 64);
+        assert!(constant_time_eq(b"abc", b"abc"));
+        assert!(!constant_time_eq(b"abc", b"abd"));
+        assert!(!constant_time_eq(b"abc", b"abcd"));
+    }
+
+    #[test]
+    fn mosquitto_hash_has_the_passwd_shape() {
+        // Shape of `mosquitto_passwd -b` output in Mosquitto 2: $7$101$<salt b64>$<hash b64>.
+        let line = mosquitto_hash_with_salt("secret", &[1u8; 12]);
+        let parts: Vec<&str> = line.split('$').collect();
+        assert_eq!(parts[..3], ["", "7", "101"]);
+        let b64 = base64::engine::general_purpose::STANDARD;
+        assert_eq!(b64.decode(parts[3]).unwrap(), vec![1u8; 12]);
+        assert_eq!(b64.decode(parts[4]).unwrap().len(), 64);
+        assert_ne!(line, mosquitto_hash_with_salt("other", &[1u8; 12]));
+    }
+
+    #[test]
+    fn mqtt_access_checks_nodes_and_revocation() {
+        let access = MqttAccess::new(INTERNAL_MQTT_USER, "inside", false);
+        assert!(access.check(INTERNAL_MQTT_USER, "inside"));
+        assert!(!access.check(INTERNAL_MQTT_USER, "outside"));
+        access.replace(&[
+            NodeCredentialRow {
+                node_id: "pi-1".into(),
+                password_sha256: sha256_hex("pw1"),
+                mosquitto_hash: String::new(),
+                created_ms: 1,
+                revoked_ms: None,
+            },
+            NodeCredentialRow {
+                node_id: "pi-2".into(),
+                password_sha256: sha256_hex("pw2"),
+                mosquitto_hash: String::new(),
+                created_ms: 1,
+                revoked_ms: Some(2),
+            },
+        ]);
+        assert!(access.check("pi-1", "pw1"));
+        assert!(!access.check("pi-1", "pw2"));
+        assert!(!access.check("pi-2", "pw2"));
+        assert!(access.is_revoked("pi-2"));
+        assert!(!access.is_revoked("pi-1"));
+        assert!(!access.check("stranger", ""));
+        let open = MqttAccess::new(INTERNAL_MQTT_USER, "inside", true);
+        assert!(open.check("stranger", ""));
+    }
+}
