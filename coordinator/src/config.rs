@@ -20,6 +20,14 @@ pub const DEFAULT_POLICY: &str = "heuristic";
 pub const DEFAULT_MAX_ATTEMPTS: u32 = 3;
 /// Largest artifact accepted, in bytes.
 pub const DEFAULT_MAX_ARTIFACT_BYTES: usize = 32 * 1024 * 1024;
+/// Silence after which a node is suspected and its tasks re-placed: five
+/// missed telemetry reports (agents send one a second).
+pub const DEFAULT_NODE_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long a signed assignment stays valid after it is sent.
+pub const DEFAULT_ASSIGNMENT_TTL: Duration = Duration::from_secs(60);
+/// The first wait before an unacknowledged assignment is sent again; it
+/// doubles with each send up to 60 s.
+pub const DEFAULT_RESEND_INTERVAL: Duration = Duration::from_secs(5);
 
 /// Everything `start` needs.
 #[derive(Debug, Clone, PartialEq)]
@@ -52,8 +60,26 @@ pub struct CoordinatorConfig {
     pub max_artifact_bytes: usize,
     /// How often the scheduler looks at the queue when nothing wakes it.
     pub schedule_interval: Duration,
-    /// A node silent this long gets no new work, whatever its last status said.
-    pub silent_node_after: Duration,
+    /// A node silent this long is suspected: it gets no new work and its
+    /// in-flight tasks are re-placed, whatever its last status said.
+    pub node_timeout: Duration,
+    /// How long a signed assignment stays valid after it is sent.
+    pub assignment_ttl: Duration,
+    /// The first wait before an unacknowledged assignment is sent again.
+    pub resend_interval: Duration,
+    /// The coordinator's MQTT user name: its own login to an external broker,
+    /// and the user the Mosquitto files name; the embedded broker uses an
+    /// internal one when unset.
+    pub mqtt_username: Option<String>,
+    /// The password that goes with `mqtt_username`.
+    pub mqtt_password: Option<String>,
+    /// Development only: the embedded broker lets in clients without (or with
+    /// unknown) credentials; ingest still ignores revoked nodes.
+    pub mqtt_allow_anonymous: bool,
+    /// Where to write a Mosquitto password file (`passwd`) and ACL (`acl`).
+    pub mosquitto_auth_dir: Option<PathBuf>,
+    /// Mosquitto's `pid_file`: it gets SIGHUP after each rewrite of the files.
+    pub mosquitto_pid_file: Option<PathBuf>,
 }
 
 impl Default for CoordinatorConfig {
@@ -72,7 +98,14 @@ impl Default for CoordinatorConfig {
             max_attempts: DEFAULT_MAX_ATTEMPTS,
             max_artifact_bytes: DEFAULT_MAX_ARTIFACT_BYTES,
             schedule_interval: Duration::from_millis(1000),
-            silent_node_after: Duration::from_secs(30),
+            node_timeout: DEFAULT_NODE_TIMEOUT,
+            assignment_ttl: DEFAULT_ASSIGNMENT_TTL,
+            resend_interval: DEFAULT_RESEND_INTERVAL,
+            mqtt_username: None,
+            mqtt_password: None,
+            mqtt_allow_anonymous: false,
+            mosquitto_auth_dir: None,
+            mosquitto_pid_file: None,
         }
     }
 }
@@ -128,6 +161,22 @@ pub struct FileConfig {
     pub max_attempts: Option<u32>,
     /// Largest artifact, in bytes.
     pub max_artifact_bytes: Option<usize>,
+    /// `--node-timeout`.
+    pub node_timeout: Option<String>,
+    /// `--assignment-ttl`.
+    pub assignment_ttl: Option<String>,
+    /// `--resend-interval`.
+    pub resend_interval: Option<String>,
+    /// `--mqtt-username`.
+    pub mqtt_username: Option<String>,
+    /// `--mqtt-password`.
+    pub mqtt_password: Option<String>,
+    /// `--mqtt-allow-anonymous`.
+    pub mqtt_allow_anonymous: Option<bool>,
+    /// `--mosquitto-auth-dir`.
+    pub mosquitto_auth_dir: Option<PathBuf>,
+    /// `--mosquitto-pid-file`.
+    pub mosquitto_pid_file: Option<PathBuf>,
 }
 
 /// Settings given on the command line or in the environment (clap merges those
@@ -169,6 +218,37 @@ pub struct ServeArgs {
         hide_env_values = true
     )]
     pub api_token: Option<String>,
+    /// Silence after which a node is suspected and its tasks re-placed, like 5s or 500ms [default: 5s].
+    #[arg(long, env = "STARLING_NODE_TIMEOUT", value_name = "DURATION")]
+    pub node_timeout: Option<String>,
+    /// How long a signed assignment stays valid after it is sent [default: 60s].
+    #[arg(long, env = "STARLING_ASSIGNMENT_TTL", value_name = "DURATION")]
+    pub assignment_ttl: Option<String>,
+    /// First wait before an unacknowledged assignment is sent again; doubles up to 60s [default: 5s].
+    #[arg(long, env = "STARLING_RESEND_INTERVAL", value_name = "DURATION")]
+    pub resend_interval: Option<String>,
+    /// The coordinator's own MQTT user name (needed with --broker when the broker requires logins,
+    /// and with --mosquitto-auth-dir).
+    #[arg(long, env = "STARLING_MQTT_USERNAME", value_name = "USER")]
+    pub mqtt_username: Option<String>,
+    /// The password of --mqtt-username.
+    #[arg(
+        long,
+        env = "STARLING_MQTT_PASSWORD",
+        value_name = "PASSWORD",
+        hide_env_values = true
+    )]
+    pub mqtt_password: Option<String>,
+    /// Development only: let clients without enrolled credentials onto the embedded broker.
+    #[arg(long, env = "STARLING_MQTT_ALLOW_ANONYMOUS")]
+    pub mqtt_allow_anonymous: bool,
+    /// Write a Mosquitto password file and ACL (DIR/passwd, DIR/acl) confining each enrolled node
+    /// to its own topics; point Mosquitto's password_file and acl_file at them.
+    #[arg(long, env = "STARLING_MOSQUITTO_AUTH_DIR", value_name = "DIR")]
+    pub mosquitto_auth_dir: Option<PathBuf>,
+    /// Mosquitto's pid_file: the coordinator sends it SIGHUP to reload the files after each change.
+    #[arg(long, env = "STARLING_MOSQUITTO_PID_FILE", value_name = "FILE")]
+    pub mosquitto_pid_file: Option<PathBuf>,
 }
 
 /// Why the settings could not be assembled.
@@ -192,6 +272,14 @@ pub enum ConfigError {
         #[source]
         source: toml::de::Error,
     },
+    /// A duration is not a positive number with an optional unit.
+    #[error("{setting} {value:?} is not a duration like 5s, 500ms or 1m")]
+    Duration {
+        /// Which setting.
+        setting: &'static str,
+        /// The value given.
+        value: String,
+    },
     /// An address is not `IP:PORT`.
     #[error("{setting} {value:?} is not an address like 127.0.0.1:7878")]
     Address {
@@ -207,6 +295,31 @@ fn parse_addr(setting: &'static str, value: &str) -> Result<SocketAddr, ConfigEr
         setting,
         value: value.to_string(),
     })
+}
+
+/// Reads `5s`, `500ms`, `1m`, `1h` or a bare number of seconds; zero is refused.
+pub fn parse_duration(setting: &'static str, value: &str) -> Result<Duration, ConfigError> {
+    let invalid = || ConfigError::Duration {
+        setting,
+        value: value.to_string(),
+    };
+    let text = value.trim();
+    let split = text
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(text.len());
+    let (number, unit) = text.split_at(split);
+    let number: f64 = number.parse().map_err(|_| invalid())?;
+    let seconds = match unit.trim() {
+        "ms" => number / 1000.0,
+        "" | "s" => number,
+        "m" | "min" => number * 60.0,
+        "h" => number * 3600.0,
+        _ => return Err(invalid()),
+    };
+    match Duration::try_from_secs_f64(seconds) {
+        Ok(duration) if !duration.is_zero() => Ok(duration),
+        _ => Err(invalid()),
+    }
 }
 
 impl ServeArgs {
@@ -226,6 +339,15 @@ impl ServeArgs {
             None => FileConfig::default(),
         };
         let defaults = CoordinatorConfig::default();
+        let duration = |setting: &'static str,
+                        flag: &Option<String>,
+                        from_file: &Option<String>,
+                        default: Duration| {
+            match flag.as_ref().or(from_file.as_ref()) {
+                Some(value) => parse_duration(setting, value),
+                None => Ok(default),
+            }
+        };
         let pick = |flag: &Option<String>, from_file: &Option<String>| {
             flag.clone().or_else(|| from_file.clone())
         };
@@ -254,6 +376,36 @@ impl ServeArgs {
             max_artifact_bytes: file
                 .max_artifact_bytes
                 .unwrap_or(defaults.max_artifact_bytes),
+            node_timeout: duration(
+                "--node-timeout",
+                &self.node_timeout,
+                &file.node_timeout,
+                defaults.node_timeout,
+            )?,
+            assignment_ttl: duration(
+                "--assignment-ttl",
+                &self.assignment_ttl,
+                &file.assignment_ttl,
+                defaults.assignment_ttl,
+            )?,
+            resend_interval: duration(
+                "--resend-interval",
+                &self.resend_interval,
+                &file.resend_interval,
+                defaults.resend_interval,
+            )?,
+            mqtt_username: pick(&self.mqtt_username, &file.mqtt_username),
+            mqtt_password: pick(&self.mqtt_password, &file.mqtt_password),
+            mqtt_allow_anonymous: self.mqtt_allow_anonymous
+                || file.mqtt_allow_anonymous.unwrap_or(false),
+            mosquitto_auth_dir: self
+                .mosquitto_auth_dir
+                .clone()
+                .or(file.mosquitto_auth_dir),
+            mosquitto_pid_file: self
+                .mosquitto_pid_file
+                .clone()
+                .or(file.mosquitto_pid_file),
             ..defaults
         })
     }
@@ -284,6 +436,33 @@ mod tests {
         assert_eq!(config.policy, "least-loaded");
         assert_eq!(config.topic_prefix, "starling/v1");
         assert_eq!(config.data_dir, PathBuf::from(DEFAULT_DATA_DIR));
+        assert_eq!(config.node_timeout, DEFAULT_NODE_TIMEOUT);
+        assert_eq!(config.assignment_ttl, DEFAULT_ASSIGNMENT_TTL);
+    }
+
+    #[test]
+    fn delivery_durations_parse_from_flags_and_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("coordinator.toml");
+        std::fs::write(&path, "node-timeout = \"2s\"\nresend-interval = \"250ms\"\n").unwrap();
+        let args = ServeArgs {
+            config: Some(path),
+            node_timeout: Some("1500ms".into()),
+            assignment_ttl: Some("2m".into()),
+            ..ServeArgs::default()
+        };
+        let config = args.resolve().unwrap();
+        assert_eq!(config.node_timeout, Duration::from_millis(1500));
+        assert_eq!(config.resend_interval, Duration::from_millis(250));
+        assert_eq!(config.assignment_ttl, Duration::from_secs(120));
+        for bad in ["0", "soon", "5 parsecs", "-1s"] {
+            let args = ServeArgs {
+                node_timeout: Some(bad.into()),
+                ..ServeArgs::default()
+            };
+            let error = args.resolve().unwrap_err().to_string();
+            assert!(error.contains("--node-timeout"), "{bad}: {error}");
+        }
     }
 
     #[test]

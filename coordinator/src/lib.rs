@@ -15,15 +15,20 @@
 //! touch MQTT or HTTP on the server side; the placement engine stays pure and
 //! sees only the snapshot `scheduler` builds.
 
+pub mod access;
+pub mod access_store;
 pub mod api;
 pub mod broker;
 pub mod cli;
 pub mod client;
 pub mod config;
 pub mod ingest;
+pub mod liveness;
 pub mod manifest;
+pub mod outbox;
 pub mod registry;
 pub mod scheduler;
+pub mod signing;
 pub mod simulate;
 pub mod store;
 pub mod task;
@@ -76,6 +81,15 @@ pub enum StartError {
     /// The database could not be opened.
     #[error(transparent)]
     Database(#[from] store::OpenStoreError),
+    /// The coordinator's signing key could not be loaded or created.
+    #[error(transparent)]
+    Key(#[from] signing::KeyError),
+    /// Access control could not be set up (random bytes, the Mosquitto files).
+    #[error(transparent)]
+    Access(#[from] access::AccessError),
+    /// The MQTT login settings contradict each other.
+    #[error("{0}")]
+    MqttLogin(&'static str),
     /// The data directory could not be created.
     #[error(
         "cannot create data directory {path}: {source}; pass --data-dir with a writable directory"
@@ -112,9 +126,18 @@ pub(crate) struct Shared {
     pub(crate) public_url: String,
     pub(crate) policy_name: String,
     pub(crate) max_attempts: u32,
-    pub(crate) silent_node_ms: u64,
+    /// Silence after which a node is suspected (see `liveness`), in ms.
+    pub(crate) node_timeout_ms: u64,
+    /// The first wait before an unacknowledged assignment is sent again.
+    pub(crate) resend_interval: std::time::Duration,
+    /// Signs every assignment sent.
+    pub(crate) signer: signing::Signer,
     pub(crate) max_artifact_bytes: usize,
     pub(crate) api_token: Option<String>,
+    /// Who may connect to the embedded broker; which nodes are revoked.
+    pub(crate) mqtt_access: Arc<access::MqttAccess>,
+    /// The external Mosquitto's password file and ACL, when configured.
+    pub(crate) mosquitto: Option<access::MosquittoFiles>,
     pub(crate) wake_scheduler: Notify,
     pub(crate) counters: Counters,
 }
@@ -126,6 +149,14 @@ pub(crate) struct Counters {
     pub(crate) messages_ignored: std::sync::atomic::AtomicU64,
     pub(crate) duplicate_events: std::sync::atomic::AtomicU64,
     pub(crate) assignments_published: std::sync::atomic::AtomicU64,
+    /// Sends of assignments past the first (unacknowledged ones re-sent).
+    pub(crate) assignments_resent: std::sync::atomic::AtomicU64,
+    /// `rejected` events: an agent refused an assignment.
+    pub(crate) assignments_rejected: std::sync::atomic::AtomicU64,
+    /// Nodes marked offline because they fell silent.
+    pub(crate) nodes_suspected: std::sync::atomic::AtomicU64,
+    /// Cancels sent for work on attempts that are no longer current.
+    pub(crate) stale_cancels: std::sync::atomic::AtomicU64,
 }
 
 impl Counters {
@@ -141,6 +172,12 @@ impl Shared {
         self.registry
             .read()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// The coordinator's public key (ed25519, 64 hex digits): what agents pin
+    /// to verify assignments.
+    pub(crate) fn coordinator_key(&self) -> String {
+        self.signer.public_key_hex()
     }
 
     /// Writes the registry (see [`Shared::registry`] on poisoning).
@@ -198,6 +235,22 @@ impl Running {
         self.embedded_broker
     }
 
+    /// The coordinator's public key (ed25519, 64 hex digits) that agents
+    /// verify assignments with.
+    pub fn coordinator_key(&self) -> String {
+        self.shared.coordinator_key()
+    }
+
+    /// Mints MQTT credentials for `node_id` directly in the store, replacing
+    /// any it had: for an agent this process runs itself (`starling up`),
+    /// which needs no join token.
+    pub async fn mint_node_credentials(
+        &self,
+        node_id: &str,
+    ) -> Result<access::NodeCredentials, access::AccessError> {
+        access::mint_credentials(&self.shared, node_id).await
+    }
+
     /// The store, for tools that run beside the coordinator.
     pub fn store(&self) -> &Store {
         &self.shared.store
@@ -242,13 +295,19 @@ fn default_public_url(rest_addr: SocketAddr) -> String {
 }
 
 /// Connects the coordinator's MQTT client and waits for the broker's ConnAck.
-async fn connect_mqtt(address: &BrokerAddress) -> Result<(AsyncClient, EventLoop), StartError> {
+async fn connect_mqtt(
+    address: &BrokerAddress,
+    login: Option<(&str, &str)>,
+) -> Result<(AsyncClient, EventLoop), StartError> {
     let client_id = format!("starling-coordinator-{}", uuid::Uuid::now_v7().simple());
     let mut options = MqttOptions::new(client_id, address.host.clone(), address.port);
     options
         .set_keep_alive(Duration::from_secs(10))
         .set_clean_session(true)
         .set_max_packet_size(MAX_PACKET_BYTES, MAX_PACKET_BYTES);
+    if let Some((username, password)) = login {
+        options.set_credentials(username, password);
+    }
     let (client, mut eventloop) = AsyncClient::new(options, 256);
     let unreachable = |reason: String| StartError::BrokerUnreachable {
         url: address.url(),
@@ -312,11 +371,33 @@ pub async fn start(config: CoordinatorConfig) -> Result<Running, StartError> {
         })?;
     }
     let store = Store::open(&config.database_url()).await?;
+    let signer =
+        match signing::Signer::load(&store, config.assignment_ttl, task::unix_now_ms()).await {
+            Ok(signer) => signer,
+            Err(error) => {
+                store.close().await;
+                return Err(error.into());
+            }
+        };
+
+    let (mqtt_access, mosquitto, internal_user, internal_password) =
+        match setup_access(&config, &topics, &store).await {
+            Ok(access) => access,
+            Err(error) => {
+                store.close().await;
+                return Err(error);
+            }
+        };
+    if config.api_token.is_none() {
+        tracing::warn!(
+            "no API token configured (--api-token / STARLING_API_TOKEN): every REST call is allowed; set one to enforce roles"
+        );
+    }
 
     let (address, embedded_broker) = match &config.broker {
         Some(url) => (BrokerAddress::parse(url)?, false),
         None => {
-            let bound = broker::start_embedded_broker(config.mqtt_listen)?;
+            let bound = broker::start_embedded_broker(config.mqtt_listen, mqtt_access.clone())?;
             let host = if bound.ip().is_unspecified() {
                 "127.0.0.1".to_string()
             } else {
@@ -331,7 +412,14 @@ pub async fn start(config: CoordinatorConfig) -> Result<Running, StartError> {
             )
         }
     };
-    let (mqtt, eventloop) = match connect_mqtt(&address).await {
+    let login = match &config.broker {
+        None => Some((internal_user.as_str(), internal_password.as_str())),
+        Some(_) => config
+            .mqtt_username
+            .as_deref()
+            .map(|user| (user, config.mqtt_password.as_deref().unwrap_or(""))),
+    };
+    let (mqtt, eventloop) = match connect_mqtt(&address, login).await {
         Ok(connected) => connected,
         Err(error) => {
             store.close().await;
@@ -354,9 +442,13 @@ pub async fn start(config: CoordinatorConfig) -> Result<Running, StartError> {
         public_url: public_url.clone(),
         policy_name: policy.name().to_string(),
         max_attempts: config.max_attempts.max(1),
-        silent_node_ms: u64::try_from(config.silent_node_after.as_millis()).unwrap_or(u64::MAX),
+        node_timeout_ms: u64::try_from(config.node_timeout.as_millis()).unwrap_or(u64::MAX),
+        resend_interval: config.resend_interval,
+        signer,
         max_artifact_bytes: config.max_artifact_bytes,
         api_token: config.api_token.clone(),
+        mqtt_access,
+        mosquitto,
         wake_scheduler: Notify::new(),
         counters: Counters::default(),
     });
@@ -380,6 +472,8 @@ pub async fn start(config: CoordinatorConfig) -> Result<Running, StartError> {
         config.schedule_interval,
         stop_rx.clone(),
     )));
+    tasks.push(tokio::spawn(outbox::run(shared.clone(), stop_rx.clone())));
+    tasks.push(tokio::spawn(liveness::run(shared.clone(), stop_rx.clone())));
     let router = api::router(shared.clone());
     let mut http_stop = stop_rx;
     tasks.push(tokio::spawn(async move {
@@ -413,6 +507,66 @@ pub async fn start(config: CoordinatorConfig) -> Result<Running, StartError> {
         stop,
         tasks,
     })
+}
+
+/// The MQTT side of access control at start: the embedded broker's
+/// credential cache (with the coordinator's own login), and the Mosquitto
+/// files when asked for, both filled from the store.
+async fn setup_access(
+    config: &CoordinatorConfig,
+    topics: &starling_proto::Topics,
+    store: &Store,
+) -> Result<
+    (
+        Arc<access::MqttAccess>,
+        Option<access::MosquittoFiles>,
+        String,
+        String,
+    ),
+    StartError,
+> {
+    let (internal_user, internal_password) =
+        match (&config.mqtt_username, &config.mqtt_password) {
+            (Some(user), Some(password)) => (user.clone(), password.clone()),
+            (Some(_), None) | (None, Some(_)) => {
+                return Err(StartError::MqttLogin(
+                    "give --mqtt-username and --mqtt-password together",
+                ))
+            }
+            // A fresh secret per start: only this process logs in with it.
+            (None, None) => (
+                access::INTERNAL_MQTT_USER.to_string(),
+                access::new_secret("")?,
+            ),
+        };
+    let mosquitto = match &config.mosquitto_auth_dir {
+        Some(dir) => {
+            let (Some(username), Some(password)) = (&config.mqtt_username, &config.mqtt_password)
+            else {
+                return Err(StartError::MqttLogin(
+                    "--mosquitto-auth-dir needs --mqtt-username and --mqtt-password: the coordinator's own Mosquitto login goes in the password file",
+                ));
+            };
+            Some(access::MosquittoFiles {
+                dir: dir.clone(),
+                pid_file: config.mosquitto_pid_file.clone(),
+                username: username.clone(),
+                password_hash: access::mosquitto_hash(password)?,
+                topic_prefix: topics.prefix().to_string(),
+            })
+        }
+        None => None,
+    };
+    let mqtt_access = Arc::new(access::MqttAccess::new(
+        &internal_user,
+        &internal_password,
+        config.mqtt_allow_anonymous,
+    ));
+    if config.mqtt_allow_anonymous && config.broker.is_none() {
+        tracing::warn!("--mqtt-allow-anonymous: the embedded broker lets in clients without credentials; for development only");
+    }
+    access::refresh(store, &mqtt_access, mosquitto.as_ref()).await?;
+    Ok((mqtt_access, mosquitto, internal_user, internal_password))
 }
 
 /// Says "address in use" plainly for the commonest bind failure.
