@@ -10,7 +10,7 @@ use std::time::Duration;
 use serde::Deserialize;
 use starling_opencl::{KernelSpec, Package};
 
-use crate::task::{TaskDemand, TaskKind};
+use crate::task::{TaskDemand, TaskGrants, TaskKind};
 
 /// How many directories up `find_for` looks for `{stem}/task.toml` (a module
 /// built into `tasks/target/wasm32-wasip1/release/` has its manifest in
@@ -32,6 +32,9 @@ pub struct Manifest {
     /// Resources needed.
     #[serde(default)]
     pub demand: TaskDemand,
+    /// The `[grants]` section: `clock = true`, `random = true` (wasm tasks).
+    #[serde(default)]
+    pub grants: TaskGrants,
     /// The `[opencl]` section as written: `source` (the `.cl` file, relative to
     /// the manifest) and the fields of a [`KernelSpec`].
     #[serde(default)]
@@ -228,6 +231,29 @@ mod tests {
         assert_eq!(parse_size("16MiB").unwrap(), 16 << 20);
         assert_eq!(parse_size("100").unwrap(), 100);
         assert!(parse_size("lots").is_err());
+    }
+
+    #[test]
+    fn grants_are_read_from_the_manifest_and_unknown_ones_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("task.toml");
+        std::fs::write(&path, "name = \"t\"\n[grants]\nclock = true\n").unwrap();
+        let grants = Manifest::load(&path).unwrap().grants;
+        assert!(grants.clock);
+        assert!(!grants.random);
+        std::fs::write(&path, "name = \"t\"\n").unwrap();
+        assert_eq!(Manifest::load(&path).unwrap().grants, TaskGrants::default());
+        // A misspelt or unsupported grant must not silently mean "no grant".
+        std::fs::write(&path, "[grants]\nnetwork = true\n").unwrap();
+        assert!(matches!(
+            Manifest::load(&path),
+            Err(ManifestError::Invalid { .. })
+        ));
+        let primes = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tasks/primes/task.toml");
+        assert_eq!(
+            Manifest::load(&primes).unwrap().grants,
+            TaskGrants::default()
+        );
     }
 
     #[test]

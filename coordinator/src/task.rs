@@ -175,6 +175,10 @@ pub struct TaskLimits {
     pub memory_bytes: u64,
     /// Output limit in bytes.
     pub output_bytes: u64,
+    /// What a wasm task may use beyond stdin, stdout, args and its memory.
+    /// Kept with the limits (the same JSON column) because both bound what an
+    /// attempt may do; the node's policy may still refuse a grant.
+    pub grants: TaskGrants,
 }
 
 impl Default for TaskLimits {
@@ -184,6 +188,29 @@ impl Default for TaskLimits {
             wall_ms: limits.wall_ms,
             memory_bytes: limits.memory_bytes,
             output_bytes: limits.output_bytes,
+            grants: TaskGrants::default(),
+        }
+    }
+}
+
+/// Capabilities a wasm task asks for (a manifest's `[grants]` section). Each
+/// is off unless asked for; a module without the clock reads the Unix epoch,
+/// one without randomness reads zeros. A node runs the task only if its
+/// policy (`starling-agent --allow-grant`) allows every grant asked for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, ToSchema)]
+#[serde(default, deny_unknown_fields)]
+pub struct TaskGrants {
+    /// The real wall and monotonic clocks.
+    pub clock: bool,
+    /// Real random bytes.
+    pub random: bool,
+}
+
+impl From<TaskGrants> for starling_proto::Grants {
+    fn from(grants: TaskGrants) -> Self {
+        Self {
+            clock: grants.clock,
+            random: grants.random,
         }
     }
 }
