@@ -398,14 +398,8 @@ impl ServeArgs {
             mqtt_password: pick(&self.mqtt_password, &file.mqtt_password),
             mqtt_allow_anonymous: self.mqtt_allow_anonymous
                 || file.mqtt_allow_anonymous.unwrap_or(false),
-            mosquitto_auth_dir: self
-                .mosquitto_auth_dir
-                .clone()
-                .or(file.mosquitto_auth_dir),
-            mosquitto_pid_file: self
-                .mosquitto_pid_file
-                .clone()
-                .or(file.mosquitto_pid_file),
+            mosquitto_auth_dir: self.mosquitto_auth_dir.clone().or(file.mosquitto_auth_dir),
+            mosquitto_pid_file: self.mosquitto_pid_file.clone().or(file.mosquitto_pid_file),
             ..defaults
         })
     }
@@ -444,7 +438,11 @@ mod tests {
     fn delivery_durations_parse_from_flags_and_file() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("coordinator.toml");
-        std::fs::write(&path, "node-timeout = \"2s\"\nresend-interval = \"250ms\"\n").unwrap();
+        std::fs::write(
+            &path,
+            "node-timeout = \"2s\"\nresend-interval = \"250ms\"\n",
+        )
+        .unwrap();
         let args = ServeArgs {
             config: Some(path),
             node_timeout: Some("1500ms".into()),

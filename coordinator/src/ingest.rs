@@ -1,13 +1,23 @@
 //! MQTT ingest: the loop that keeps the coordinator's broker session alive and
 //! the handler that turns capability, telemetry, status and event messages into
 //! registry and store changes. Bad input costs a warning and changes nothing.
+//!
+//! Every event the store has durably recorded (a duplicate and an event for an
+//! unknown task too) is answered with an `EventAck` on the node's `ack`
+//! channel, so the agent can drop it from its outbox; an `accepted` or
+//! `running` of an attempt that is no longer current is answered with a
+//! `Cancel`, so a node that comes back after being suspected stops its stale
+//! work instead of duplicating it. Both are queued without waiting (see
+//! [`reply`]): the handler must never wait on the request queue that only the
+//! MQTT loop drains, while that loop waits on the handler.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use rumqttc::{Event, EventLoop, Packet, QoS, SubscribeFilter};
 use starling_proto::{
-    decode, Capability, Channel, DecodeError, NodeId, Status, TaskEvent, Telemetry,
+    decode, encode, Cancel, Capability, Channel, DecodeError, EventAck, NodeId, Status, TaskEvent,
+    TaskState, Telemetry, PROTOCOL_VERSION,
 };
 use tokio::sync::{mpsc, watch};
 
@@ -39,6 +49,9 @@ pub enum IngestError {
     /// The topic is not `{prefix}/nodes/{node}/{channel}`.
     #[error("topic {0:?} is not a Starling node topic under this coordinator's prefix")]
     ForeignTopic(String),
+    /// The node's credentials were revoked (`starling node revoke`).
+    #[error("message from revoked node {0}; ignored")]
+    RevokedNode(String),
     /// A channel the coordinator publishes but does not consume.
     #[error("message on {topic:?}: the coordinator does not consume the {channel} channel")]
     UnexpectedChannel {
@@ -193,6 +206,9 @@ pub(crate) async fn handle_message(
         .topics
         .parse(topic)
         .ok_or_else(|| IngestError::ForeignTopic(topic.to_string()))?;
+    if !crate::access::ingest_allows(shared, node.as_str()) {
+        return Err(IngestError::RevokedNode(node.to_string()));
+    }
     if payload.is_empty() && matches!(channel, Channel::Capability | Channel::Status) {
         return Ok(Handled::Cleared);
     }
@@ -218,7 +234,7 @@ pub(crate) async fn handle_message(
             let event: TaskEvent = decoded(&node, channel, payload)?;
             return handle_event(shared, &node, event, now_ms).await;
         }
-        Channel::Assign | Channel::Cancel => {
+        Channel::Assign | Channel::Cancel | Channel::Ack => {
             return Err(IngestError::UnexpectedChannel {
                 topic: topic.to_string(),
                 channel: channel.as_str(),
@@ -251,6 +267,52 @@ pub(crate) async fn handle_message(
     Ok(Handled::Registry(change))
 }
 
+/// Queues a message for `node` without waiting. When the request queue is
+/// full the message is dropped, which costs nothing lasting: the agent re-sends
+/// an unacknowledged event, and the answer is made again for the redelivery.
+fn reply<M: starling_proto::Message>(
+    shared: &Shared,
+    node: &NodeId,
+    channel: Channel,
+    message: &M,
+) {
+    let bytes = match encode(message) {
+        Ok(bytes) => bytes,
+        Err(error) => {
+            tracing::error!(%error, channel = channel.as_str(), "cannot encode a reply");
+            return;
+        }
+    };
+    let topic = shared.topics.node(node, channel);
+    if let Err(error) = shared
+        .mqtt
+        .try_publish(topic, QoS::AtLeastOnce, false, bytes)
+    {
+        tracing::debug!(%error, node = %node, channel = channel.as_str(), "reply dropped; the agent's redelivery will get another");
+    }
+}
+
+/// Tells a node to stop an attempt that is no longer the task's current one.
+fn cancel_stale(shared: &Shared, event: &TaskEvent) {
+    tracing::info!(
+        task = %event.task_id,
+        attempt = event.attempt,
+        node = %event.node_id,
+        "node reports work on a stale attempt; cancelling it"
+    );
+    Counters::increment(&shared.counters.stale_cancels);
+    let cancel = Cancel {
+        v: PROTOCOL_VERSION,
+        task_id: event.task_id.clone(),
+        attempt: event.attempt,
+    };
+    reply(shared, &event.node_id, Channel::Cancel, &cancel);
+}
+
+fn works_on(state: TaskState) -> bool {
+    matches!(state, TaskState::Accepted | TaskState::Running)
+}
+
 async fn handle_event(
     shared: &Shared,
     topic_node: &NodeId,
@@ -267,6 +329,25 @@ async fn handle_event(
         .store
         .record_event(&event, now_ms, shared.max_attempts)
         .await?;
+    // Recorded (or known already, or about a task that does not exist): the
+    // agent may forget it.
+    let ack = EventAck {
+        v: PROTOCOL_VERSION,
+        task_id: event.task_id.clone(),
+        attempt: event.attempt,
+        state: event.state,
+    };
+    reply(shared, &event.node_id, Channel::Ack, &ack);
+    if event.state == TaskState::Rejected && outcome != EventOutcome::Duplicate {
+        Counters::increment(&shared.counters.assignments_rejected);
+        tracing::warn!(
+            task = %event.task_id,
+            attempt = event.attempt,
+            node = %event.node_id,
+            why = event.message.as_ref().map(|m| m.as_str()).unwrap_or("no reason given"),
+            "the node refused an assignment; the task is unchanged and the assignment will be sent again"
+        );
+    }
     match &outcome {
         EventOutcome::UnknownTask => {
             return Err(IngestError::UnknownTask {
@@ -276,7 +357,24 @@ async fn handle_event(
             })
         }
         EventOutcome::Duplicate => {
-            tracing::debug!(task = %event.task_id, attempt = event.attempt, "duplicate event ignored")
+            tracing::debug!(task = %event.task_id, attempt = event.attempt, "duplicate event ignored");
+            if works_on(event.state) {
+                // The first answer may have been the one lost; ask again.
+                let task = shared.store.task(event.task_id.as_str()).await?;
+                let current = task.is_some_and(|task| {
+                    task.attempt == event.attempt
+                        && task.node_id.as_deref() == Some(event.node_id.as_str())
+                });
+                if !current {
+                    cancel_stale(shared, &event);
+                }
+            }
+        }
+        EventOutcome::Stale { status } => {
+            tracing::info!(task = %event.task_id, attempt = event.attempt, node = %event.node_id, state = ?event.state, now = %status, "event of a stale attempt kept as history");
+            if works_on(event.state) {
+                cancel_stale(shared, &event);
+            }
         }
         EventOutcome::Recorded { status, changed } => {
             if *changed {

@@ -455,25 +455,23 @@ pub async fn start(config: CoordinatorConfig) -> Result<Running, StartError> {
     let (stop, stop_rx) = watch::channel(false);
     let (messages_tx, messages_rx) = tokio::sync::mpsc::channel(1024);
 
-    let mut tasks = Vec::new();
-    tasks.push(tokio::spawn(ingest::run_mqtt_loop(
-        eventloop,
-        shared.clone(),
-        messages_tx,
-        stop_rx.clone(),
-    )));
-    tasks.push(tokio::spawn(ingest::run_message_handler(
-        shared.clone(),
-        messages_rx,
-    )));
-    tasks.push(tokio::spawn(scheduler::run(
-        shared.clone(),
-        policy,
-        config.schedule_interval,
-        stop_rx.clone(),
-    )));
-    tasks.push(tokio::spawn(outbox::run(shared.clone(), stop_rx.clone())));
-    tasks.push(tokio::spawn(liveness::run(shared.clone(), stop_rx.clone())));
+    let mut tasks = vec![
+        tokio::spawn(ingest::run_mqtt_loop(
+            eventloop,
+            shared.clone(),
+            messages_tx,
+            stop_rx.clone(),
+        )),
+        tokio::spawn(ingest::run_message_handler(shared.clone(), messages_rx)),
+        tokio::spawn(scheduler::run(
+            shared.clone(),
+            policy,
+            config.schedule_interval,
+            stop_rx.clone(),
+        )),
+        tokio::spawn(outbox::run(shared.clone(), stop_rx.clone())),
+        tokio::spawn(liveness::run(shared.clone(), stop_rx.clone())),
+    ];
     let router = api::router(shared.clone());
     let mut http_stop = stop_rx;
     tasks.push(tokio::spawn(async move {
@@ -525,20 +523,19 @@ async fn setup_access(
     ),
     StartError,
 > {
-    let (internal_user, internal_password) =
-        match (&config.mqtt_username, &config.mqtt_password) {
-            (Some(user), Some(password)) => (user.clone(), password.clone()),
-            (Some(_), None) | (None, Some(_)) => {
-                return Err(StartError::MqttLogin(
-                    "give --mqtt-username and --mqtt-password together",
-                ))
-            }
-            // A fresh secret per start: only this process logs in with it.
-            (None, None) => (
-                access::INTERNAL_MQTT_USER.to_string(),
-                access::new_secret("")?,
-            ),
-        };
+    let (internal_user, internal_password) = match (&config.mqtt_username, &config.mqtt_password) {
+        (Some(user), Some(password)) => (user.clone(), password.clone()),
+        (Some(_), None) | (None, Some(_)) => {
+            return Err(StartError::MqttLogin(
+                "give --mqtt-username and --mqtt-password together",
+            ))
+        }
+        // A fresh secret per start: only this process logs in with it.
+        (None, None) => (
+            access::INTERNAL_MQTT_USER.to_string(),
+            access::new_secret("")?,
+        ),
+    };
     let mosquitto = match &config.mosquitto_auth_dir {
         Some(dir) => {
             let (Some(username), Some(password)) = (&config.mqtt_username, &config.mqtt_password)

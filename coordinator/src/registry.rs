@@ -19,6 +19,9 @@ pub struct NodeEntry {
     pub last_seen_ms: u64,
     /// When its latest telemetry arrived, Unix milliseconds.
     pub telemetry_received_ms: Option<u64>,
+    /// Whether it is offline because it fell silent (no last will arrived):
+    /// its next telemetry brings it back online.
+    pub silent: bool,
 }
 
 impl NodeEntry {
@@ -117,6 +120,7 @@ impl Registry {
                         state,
                         last_seen_ms: now_ms,
                         telemetry_received_ms: None,
+                        silent: false,
                     },
                 );
                 // A held status counts as a change now that the node is known:
@@ -155,6 +159,13 @@ impl Registry {
         entry.telemetry = Some(telemetry);
         entry.last_seen_ms = now_ms;
         entry.telemetry_received_ms = Some(now_ms);
+        if entry.silent {
+            // Telemetry is never retained, so it is proof of life: the link
+            // came back without the agent reconnecting (or before its status).
+            entry.silent = false;
+            entry.state = Some(NodeState::Online);
+            return Ok(RegistryChange::NodeOnline(id));
+        }
         Ok(RegistryChange::TelemetryUpdated(id))
     }
 
@@ -178,11 +189,28 @@ impl Registry {
         };
         let previous = entry.state.replace(status.state);
         entry.last_seen_ms = now_ms;
+        entry.silent = false;
         Ok(match (previous, status.state) {
             (Some(before), after) if before == after => RegistryChange::Unchanged(id),
             (_, NodeState::Online) => RegistryChange::NodeOnline(id),
             (_, NodeState::Offline) => RegistryChange::NodeOffline(id),
         })
+    }
+
+    /// Marks offline every online node not heard from for `timeout_ms` (as
+    /// if its last will had arrived) and returns them: agents report telemetry
+    /// every second, and a broker that lost its session state may never
+    /// deliver a last will.
+    pub fn suspect_silent(&mut self, now_ms: u64, timeout_ms: u64) -> Vec<NodeId> {
+        let mut suspected = Vec::new();
+        for (id, entry) in &mut self.nodes {
+            if entry.online() && now_ms.saturating_sub(entry.last_seen_ms) >= timeout_ms {
+                entry.state = Some(NodeState::Offline);
+                entry.silent = true;
+                suspected.push(id.clone());
+            }
+        }
+        suspected
     }
 
     /// One node.
@@ -362,5 +390,36 @@ pub(crate) mod tests {
         );
         assert!(!registry.get(&id).unwrap().online());
         assert_eq!(registry.get(&id).unwrap().last_seen_ms, 7);
+    }
+
+    #[test]
+    fn a_silent_node_is_suspected_once_and_telemetry_brings_it_back() {
+        let mut registry = Registry::new();
+        let id = NodeId::new("quiet").unwrap();
+        registry
+            .apply_capability(&id, capability("quiet"), 1)
+            .unwrap();
+        registry
+            .apply_status(&id, status("quiet", NodeState::Online), 1)
+            .unwrap();
+        assert_eq!(registry.suspect_silent(4_999, 5_000), Vec::<NodeId>::new());
+        assert_eq!(registry.suspect_silent(5_001, 5_000), vec![id.clone()]);
+        assert!(!registry.get(&id).unwrap().online());
+        assert_eq!(registry.get(&id).unwrap().last_seen_ms, 1);
+        assert_eq!(registry.suspect_silent(9_000, 5_000), Vec::<NodeId>::new());
+        assert_eq!(
+            registry.apply_telemetry(&id, telemetry("quiet", 2, 9_000), 9_000),
+            Ok(RegistryChange::NodeOnline(id.clone()))
+        );
+        assert!(registry.get(&id).unwrap().online());
+        // A last will is not undone by telemetry: the agent says so itself.
+        registry
+            .apply_status(&id, status("quiet", NodeState::Offline), 9_100)
+            .unwrap();
+        assert_eq!(
+            registry.apply_telemetry(&id, telemetry("quiet", 3, 10_000), 9_200),
+            Ok(RegistryChange::TelemetryUpdated(id.clone()))
+        );
+        assert!(!registry.get(&id).unwrap().online());
     }
 }

@@ -1,18 +1,18 @@
 //! The scheduler loop: takes the pending queue from the store and a snapshot of
 //! the registry, asks the placement policy for decisions, records them (with
-//! their explanations) and publishes each placement as an `Assignment`.
+//! their explanations) and publishes each placement as a signed `Assignment`
+//! (the first send of the outbox row written with the placement).
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use rumqttc::QoS;
 use starling_placement::{
     ClusterView, Constraints, Demand, NodeView, Outcome, PendingTask, Policy, TaskClass,
 };
-use starling_proto::{encode, Assignment, Channel, NodeId, TaskId, PROTOCOL_VERSION};
+use starling_proto::{Assignment, NodeId, TaskId, PROTOCOL_VERSION};
 use tokio::sync::watch;
 
-use crate::store::{StoreError, TaskRecord};
+use crate::store::{OutboxEntry, StoreError, TaskRecord};
 use crate::task::{unix_now_ms, TaskKind, TaskStatus};
 use crate::Shared;
 
@@ -118,7 +118,7 @@ fn cluster_view(shared: &Shared, now_ms: u64) -> (ClusterView, Vec<ViewNode>) {
         // A node silent for too long is not offered work even if its last
         // status said online: agents report telemetry every second, and a
         // broker that lost its session state may never deliver a last will.
-        let heard_recently = now_ms.saturating_sub(entry.last_seen_ms) < shared.silent_node_ms;
+        let heard_recently = now_ms.saturating_sub(entry.last_seen_ms) < shared.node_timeout_ms;
         nodes.push(NodeView::from_reports(
             &entry.capability,
             entry.telemetry.as_ref(),
@@ -205,7 +205,23 @@ pub(crate) async fn schedule_round(
                     // Cancelled or placed by another replica since it was read.
                     continue;
                 }
-                publish_assignment(shared, record, node_id, attempt, power_level).await;
+                let entry = OutboxEntry {
+                    task_id: record.spec.id.clone(),
+                    attempt,
+                    node_id: node_id.to_string(),
+                    next_send_ms: now_ms,
+                    sends: 0,
+                };
+                let placed = TaskRecord {
+                    status: TaskStatus::Assigned,
+                    node_id: Some(node_id.to_string()),
+                    attempt,
+                    power_level: Some(power_level),
+                    ..record.clone()
+                };
+                if crate::outbox::send(shared, &entry, &placed, unix_now_ms()).await? {
+                    tracing::info!(task = %record.spec.id, node = %node_id, attempt, power_level, "task assigned");
+                }
                 summary.placed += 1;
             }
             Outcome::Hold { .. } => {
@@ -220,9 +236,11 @@ pub(crate) async fn schedule_round(
     Ok(summary)
 }
 
-/// The assignment for one attempt of a stored task.
+/// The assignment for one attempt of a stored task to `node`, unsigned
+/// (`Signer::sign` fills the validity window and the signature).
 pub fn assignment(
     record: &TaskRecord,
+    node: &NodeId,
     attempt: u32,
     power_level: u8,
     public_url: &str,
@@ -254,40 +272,17 @@ pub fn assignment(
         limits: spec.limits.into(),
         power_level,
         deadline_unix_ms: spec.deadline_unix_ms,
+        // What the manifest granted; the node's policy may still refuse it.
+        // No publisher signatures yet.
+        grants: spec.limits.grants.into(),
+        publisher: None,
+        node_id: node.clone(),
+        issued_unix_ms: 0,
+        expires_unix_ms: 0,
+        signature: Vec::new(),
     })
 }
 
 fn heapless_string<const N: usize>(text: &str) -> Option<heapless::String<N>> {
     heapless::String::try_from(text).ok()
-}
-
-async fn publish_assignment(
-    shared: &Shared,
-    record: &TaskRecord,
-    node_id: &NodeId,
-    attempt: u32,
-    power_level: u8,
-) {
-    let bytes = match assignment(record, attempt, power_level, &shared.public_url)
-        .and_then(|assignment| encode(&assignment).map_err(|e| e.to_string()))
-    {
-        Ok(bytes) => bytes,
-        Err(detail) => {
-            // The submission was checked against these bounds, so this only
-            // happens with a misconfigured public URL.
-            tracing::error!(task = %record.spec.id, %detail, "cannot build the assignment");
-            return;
-        }
-    };
-    let topic = shared.topics.node(node_id, Channel::Assign);
-    if let Err(error) = shared
-        .mqtt
-        .publish(topic, QoS::AtLeastOnce, false, bytes)
-        .await
-    {
-        tracing::error!(task = %record.spec.id, %error, "cannot publish the assignment");
-    } else {
-        crate::Counters::increment(&shared.counters.assignments_published);
-        tracing::info!(task = %record.spec.id, node = %node_id, attempt, power_level, "task assigned");
-    }
 }

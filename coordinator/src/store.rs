@@ -35,9 +35,11 @@ macro_rules! with_pool {
         }
     };
 }
+// Other `impl Store` blocks of the crate (access_store.rs) share the one query text rule.
+pub(crate) use with_pool;
 
 #[derive(Debug, Clone)]
-enum Backend {
+pub(crate) enum Backend {
     Sqlite(SqlitePool),
     Postgres(PgPool),
 }
@@ -45,7 +47,7 @@ enum Backend {
 /// The coordinator's database.
 #[derive(Debug, Clone)]
 pub struct Store {
-    backend: Backend,
+    pub(crate) backend: Backend,
 }
 
 /// Why the store could not be opened.
@@ -156,7 +158,8 @@ pub struct TaskRecord {
 pub struct EventRecord {
     /// Attempt number.
     pub attempt: u32,
-    /// Event state (`accepted`, `running`, `succeeded`, `failed`, `cancelled`, or `lost` when the node vanished).
+    /// Event state (`accepted`, `running`, `succeeded`, `failed`, `cancelled`, `rejected` when the
+    /// agent refused the assignment, or `lost` when the node vanished).
     pub state: String,
     /// The node that sent it.
     pub node_id: String,
@@ -202,6 +205,13 @@ pub enum EventOutcome {
         /// Whether the event changed the task's state.
         changed: bool,
     },
+    /// The event belongs to an attempt that is no longer the task's current
+    /// one (the task moved to another attempt, or its node was suspected and
+    /// the task went back to the queue): kept as history, the task unchanged.
+    Stale {
+        /// The task's state, which the event did not change.
+        status: TaskStatus,
+    },
     /// The same task, attempt and state was recorded before: nothing changed.
     Duplicate,
     /// No task has this id: nothing changed.
@@ -236,6 +246,42 @@ pub struct LostTask {
     /// `Pending` when it will be retried, `Failed` when its attempts ran out,
     /// `Cancelled` when a cancel was requested.
     pub status: TaskStatus,
+}
+
+/// An assignment waiting for its node's acknowledgement.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OutboxEntry {
+    /// The task.
+    pub task_id: String,
+    /// The attempt.
+    pub attempt: u32,
+    /// The node it is for.
+    pub node_id: String,
+    /// When it is due for its next send, Unix milliseconds.
+    pub next_send_ms: u64,
+    /// How many times it was sent.
+    pub sends: u32,
+}
+
+#[derive(sqlx::FromRow)]
+struct OutboxRow {
+    task_id: String,
+    attempt: i64,
+    node_id: String,
+    next_send_ms: i64,
+    sends: i64,
+}
+
+impl OutboxRow {
+    fn into_entry(self) -> OutboxEntry {
+        OutboxEntry {
+            task_id: self.task_id,
+            attempt: u32::try_from(self.attempt).unwrap_or(0),
+            node_id: self.node_id,
+            next_send_ms: from_db(self.next_send_ms),
+            sends: u32::try_from(self.sends).unwrap_or(u32::MAX),
+        }
+    }
 }
 
 #[derive(sqlx::FromRow)]
@@ -326,6 +372,7 @@ fn event_state_name(state: TaskState) -> &'static str {
         TaskState::Succeeded => "succeeded",
         TaskState::Failed => "failed",
         TaskState::Cancelled => "cancelled",
+        TaskState::Rejected => "rejected",
     }
 }
 
@@ -634,8 +681,9 @@ impl Store {
         rows.into_iter().map(TaskRow::into_record).collect()
     }
 
-    /// Records a placement: the pending task gets attempt `attempt` on `node_id`.
-    /// Returns false (and changes nothing) when the task is no longer pending at
+    /// Records a placement: the pending task gets attempt `attempt` on `node_id`,
+    /// and the assignment enters the outbox (due now, never sent) in the same
+    /// transaction. Returns false (and changes nothing) when the task is no longer pending at
     /// the expected attempt, for instance because it was cancelled meanwhile.
     pub async fn assign_task(
         &self,
@@ -653,6 +701,11 @@ impl Store {
                       WHERE id = $1 AND state = 'pending' AND attempt = $7";
         let insert = "INSERT INTO attempts (task_id, attempt, node_id, power_level, assigned_ms, state, explanation) \
                       VALUES ($1, $2, $3, $4, $5, 'assigned', $6)";
+        // Due at once and never sent: the scheduler claims the first send right
+        // after the commit, and if the process dies before it does, the resend
+        // loop of the next start sends it.
+        let outbox = "INSERT INTO outbox (task_id, attempt, node_id, next_send_ms, sends) \
+                      VALUES ($1, $2, $3, $4, 0)";
         let assigned = with_pool!(self, pool => {
             let mut tx = pool.begin().await?;
             let updated = sqlx::query(update)
@@ -674,6 +727,13 @@ impl Store {
                     .bind(i64::from(power_level))
                     .bind(to_db(now_ms))
                     .bind(&explanation)
+                    .execute(&mut *tx)
+                    .await?;
+                sqlx::query(outbox)
+                    .bind(task_id)
+                    .bind(i64::from(attempt))
+                    .bind(node_id)
+                    .bind(to_db(now_ms))
                     .execute(&mut *tx)
                     .await?;
                 tx.commit().await?;
@@ -703,10 +763,18 @@ impl Store {
     /// Records an agent's event once and applies it to the task's state.
     ///
     /// Redeliveries of the same task, attempt and state are recognised by the
-    /// events table's key and change nothing. An event for an attempt other
-    /// than the current one, or from another node, is kept as history but does
-    /// not change the task. A `failed` with reason `agent_busy` puts the task
-    /// back in the queue while attempts remain (`max_attempts`).
+    /// events table's key and change nothing. Any event other than `rejected`
+    /// from the assigned node acknowledges the attempt's assignment (its
+    /// outbox row goes). A `rejected` event is history only: a forged
+    /// assignment must not be able to change a real task. An event for an
+    /// attempt other than the current one, or from another node, is kept as
+    /// history ([`EventOutcome::Stale`]) and does not change the task, with one
+    /// exception: a `succeeded` or `failed` of the task's latest attempt from
+    /// the node that ran it while the task waits in the queue (the node was
+    /// suspected, came back, and nothing else ran the task yet) is accepted,
+    /// so the task completes once without a rerun. A `failed` with reason
+    /// `agent_busy` puts the task back in the queue while attempts remain
+    /// (`max_attempts`). States only move forward: a task that ended stays ended.
     pub async fn record_event(
         &self,
         event: &TaskEvent,
@@ -717,14 +785,18 @@ impl Store {
         let insert = "INSERT INTO events (task_id, attempt, state, node_id, received_ms, reason, message, \
                       exit_code, output_bytes, metrics) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10) \
                       ON CONFLICT (task_id, attempt, state) DO NOTHING";
+        let acknowledge = "DELETE FROM outbox WHERE task_id = $1 AND attempt = $2 AND node_id = $3";
         let select = format!("SELECT {TASK_COLUMNS} FROM tasks WHERE id = $1");
+        let attempt_node = "SELECT node_id FROM attempts WHERE task_id = $1 AND attempt = $2";
         let update =
             "UPDATE tasks SET state = $2, output = $3, exit_code = $4, failure_reason = $5, \
                       failure_message = $6, node_id = $7 WHERE id = $1";
         let update_attempt =
             "UPDATE attempts SET state = $3, finished_ms = $4 WHERE task_id = $1 AND attempt = $2";
+        let clear_outbox = "DELETE FROM outbox WHERE task_id = $1";
 
         let task_id = event.task_id.as_str();
+        let node = event.node_id.as_str();
         let state_name = event_state_name(event.state);
         let reason = event.reason.map(failure_reason_name);
         let message = event.message.as_ref().map(|m| m.as_str().to_string());
@@ -749,7 +821,7 @@ impl Store {
                 .bind(task_id)
                 .bind(i64::from(event.attempt))
                 .bind(state_name)
-                .bind(event.node_id.as_str())
+                .bind(node)
                 .bind(to_db(now_ms))
                 .bind(reason.as_deref())
                 .bind(message.as_deref())
@@ -763,14 +835,52 @@ impl Store {
                 tx.rollback().await?;
                 return Ok(EventOutcome::Duplicate);
             }
+            if event.state != TaskState::Rejected {
+                sqlx::query(acknowledge)
+                    .bind(task_id)
+                    .bind(i64::from(event.attempt))
+                    .bind(node)
+                    .execute(&mut *tx)
+                    .await?;
+            }
             let row: TaskRow = sqlx::query_as(&select).bind(task_id).fetch_one(&mut *tx).await?;
             let task = row.into_record()?;
             let current_attempt = task.attempt == event.attempt
-                && task.node_id.as_deref() == Some(event.node_id.as_str());
+                && task.node_id.as_deref() == Some(node);
+            if event.state == TaskState::Rejected {
+                tx.commit().await?;
+                return Ok(if current_attempt {
+                    EventOutcome::Recorded { status: task.status, changed: false }
+                } else {
+                    EventOutcome::Stale { status: task.status }
+                });
+            }
             let next = if current_attempt {
                 next_status(&task, event, max_attempts)
             } else {
-                None
+                let late_result = task.status == TaskStatus::Pending
+                    && task.attempt == event.attempt
+                    && matches!(event.state, TaskState::Succeeded | TaskState::Failed);
+                let ran_it = if late_result {
+                    let ran: Option<(String,)> = sqlx::query_as(attempt_node)
+                        .bind(task_id)
+                        .bind(i64::from(event.attempt))
+                        .fetch_optional(&mut *tx)
+                        .await?;
+                    ran.is_some_and(|(ran,)| ran == node)
+                } else {
+                    false
+                };
+                // Judged as if the attempt were still running; a late
+                // `agent_busy` would only put it back where it already is.
+                let as_running = TaskRecord { status: TaskStatus::Running, ..task.clone() };
+                match ran_it.then(|| next_status(&as_running, event, max_attempts)).flatten() {
+                    Some(next) if next.is_terminal() => Some(next),
+                    _ => {
+                        tx.commit().await?;
+                        return Ok(EventOutcome::Stale { status: task.status });
+                    }
+                }
             };
             let Some(next) = next else {
                 tx.commit().await?;
@@ -785,7 +895,7 @@ impl Store {
                 TaskStatus::Failed => (None, event.exit_code, reason.clone(), message.clone()),
                 _ => (task.output.clone(), task.exit_code, task.failure_reason.clone(), task.failure_message.clone()),
             };
-            let node_id = if next == TaskStatus::Pending { None } else { task.node_id.clone() };
+            let node_id = if next == TaskStatus::Pending { None } else { Some(node) };
             sqlx::query(update)
                 .bind(task_id)
                 .bind(next.as_str())
@@ -804,14 +914,19 @@ impl Store {
                 .bind(finished)
                 .execute(&mut *tx)
                 .await?;
+            if finished.is_some() {
+                // Nothing is left to deliver for an ended or requeued task.
+                sqlx::query(clear_outbox).bind(task_id).execute(&mut *tx).await?;
+            }
             tx.commit().await?;
             Ok::<EventOutcome, StoreError>(EventOutcome::Recorded { status: next, changed: next != task.status })
         })?;
         Ok(outcome)
     }
 
-    /// Handles a node gone offline: each of its in-flight attempts is marked
-    /// lost; the task goes back to `pending` for a new attempt, or to `failed`
+    /// Handles a node gone offline (its last will, or silence past the node
+    /// timeout): each of its in-flight attempts is marked lost and leaves the
+    /// outbox; the task goes back to `pending` for a new attempt, or to `failed`
     /// (reason `node_lost`) once `max_attempts` attempts were made, or to
     /// `cancelled` when a cancel was pending.
     pub async fn requeue_node_tasks(
@@ -831,6 +946,7 @@ impl Store {
         let cancel = "UPDATE tasks SET state = 'cancelled', updated_ms = $2 WHERE id = $1";
         let give_up = "UPDATE tasks SET state = 'failed', failure_reason = 'node_lost', failure_message = $3, \
                        updated_ms = $2 WHERE id = $1";
+        let clear_outbox = "DELETE FROM outbox WHERE task_id = $1";
         let lost = with_pool!(self, pool => {
             let mut tx = pool.begin().await?;
             sqlx::query(mark_attempts).bind(node_id).bind(to_db(now_ms)).execute(&mut *tx).await?;
@@ -846,6 +962,7 @@ impl Store {
                     .bind(to_db(now_ms))
                     .execute(&mut *tx)
                     .await?;
+                sqlx::query(clear_outbox).bind(&task_id).execute(&mut *tx).await?;
                 let status = if cancel_requested != 0 {
                     // Its submitter wanted it stopped; the node is gone, so it is.
                     sqlx::query(cancel).bind(&task_id).bind(to_db(now_ms)).execute(&mut *tx).await?;
@@ -886,6 +1003,9 @@ impl Store {
         let mark_running = "UPDATE tasks SET cancel_requested = 1, updated_ms = $2 \
                             WHERE id = $1 AND state IN ('assigned', 'running')";
         let select = "SELECT state, node_id, attempt FROM tasks WHERE id = $1";
+        // The node gets a Cancel instead; re-sending the assignment could only
+        // start work that is to be stopped.
+        let clear_outbox = "DELETE FROM outbox WHERE task_id = $1";
         let outcome = with_pool!(self, pool => {
             let mut tx = pool.begin().await?;
             let cancelled = sqlx::query(cancel_pending)
@@ -895,6 +1015,7 @@ impl Store {
                 .await?
                 .rows_affected();
             if cancelled == 1 {
+                sqlx::query(clear_outbox).bind(task_id).execute(&mut *tx).await?;
                 tx.commit().await?;
                 return Ok(CancelOutcome::Cancelled);
             }
@@ -904,6 +1025,9 @@ impl Store {
                 .execute(&mut *tx)
                 .await?
                 .rows_affected();
+            if marked == 1 {
+                sqlx::query(clear_outbox).bind(task_id).execute(&mut *tx).await?;
+            }
             let row: Option<(String, Option<String>, i64)> =
                 sqlx::query_as(select).bind(task_id).fetch_optional(&mut *tx).await?;
             tx.commit().await?;
@@ -920,6 +1044,119 @@ impl Store {
             }
         })?;
         Ok(outcome)
+    }
+
+    /// Outbox rows due at `now_ms` (never sent, or unacknowledged past their
+    /// resend time), soonest first.
+    pub async fn due_outbox(
+        &self,
+        now_ms: u64,
+        limit: u32,
+    ) -> Result<Vec<OutboxEntry>, StoreError> {
+        let sql = "SELECT task_id, attempt, node_id, next_send_ms, sends FROM outbox \
+                   WHERE next_send_ms <= $1 ORDER BY next_send_ms ASC, task_id ASC LIMIT $2";
+        let rows: Vec<OutboxRow> = with_pool!(self, pool => sqlx::query_as(sql)
+            .bind(to_db(now_ms))
+            .bind(i64::from(limit))
+            .fetch_all(pool)
+            .await)?;
+        Ok(rows.into_iter().map(OutboxRow::into_entry).collect())
+    }
+
+    /// Makes every outbox row due by `now_ms` at the latest (keeping its send
+    /// count, so backoff goes on where it was); returns how many moved.
+    pub async fn outbox_due_by(&self, now_ms: u64) -> Result<u64, StoreError> {
+        let sql = "UPDATE outbox SET next_send_ms = $1 WHERE next_send_ms > $1";
+        let moved = with_pool!(self, pool => sqlx::query(sql)
+            .bind(to_db(now_ms))
+            .execute(pool)
+            .await
+            .map(|done| done.rows_affected()))?;
+        Ok(moved)
+    }
+
+    /// The outbox row of one attempt, if its assignment is unacknowledged.
+    pub async fn outbox_entry(
+        &self,
+        task_id: &str,
+        attempt: u32,
+    ) -> Result<Option<OutboxEntry>, StoreError> {
+        let sql = "SELECT task_id, attempt, node_id, next_send_ms, sends FROM outbox \
+                   WHERE task_id = $1 AND attempt = $2";
+        let row: Option<OutboxRow> = with_pool!(self, pool => sqlx::query_as(sql)
+            .bind(task_id)
+            .bind(i64::from(attempt))
+            .fetch_optional(pool)
+            .await)?;
+        Ok(row.map(OutboxRow::into_entry))
+    }
+
+    /// Claims the next send of an outbox row as read in `seen`: counts the send
+    /// and moves its resend time to `next_send_ms`. Returns false when the row
+    /// is gone or another sender (a second replica, or the scheduler's first
+    /// send) claimed it since it was read, so each due send happens once.
+    pub async fn claim_outbox_send(
+        &self,
+        seen: &OutboxEntry,
+        next_send_ms: u64,
+    ) -> Result<bool, StoreError> {
+        let sql = "UPDATE outbox SET next_send_ms = $3, sends = sends + 1 \
+                   WHERE task_id = $1 AND attempt = $2 AND next_send_ms = $4 AND sends = $5";
+        let claimed = with_pool!(self, pool => sqlx::query(sql)
+            .bind(&seen.task_id)
+            .bind(i64::from(seen.attempt))
+            .bind(to_db(next_send_ms))
+            .bind(to_db(seen.next_send_ms))
+            .bind(i64::from(seen.sends))
+            .execute(pool)
+            .await
+            .map(|done| done.rows_affected()))?;
+        Ok(claimed == 1)
+    }
+
+    /// Drops one attempt's outbox row (its task moved on without an event).
+    pub async fn drop_outbox(&self, task_id: &str, attempt: u32) -> Result<(), StoreError> {
+        let sql = "DELETE FROM outbox WHERE task_id = $1 AND attempt = $2";
+        with_pool!(self, pool => sqlx::query(sql)
+            .bind(task_id)
+            .bind(i64::from(attempt))
+            .execute(pool)
+            .await
+            .map(|_| ()))?;
+        Ok(())
+    }
+
+    /// The nodes that have an attempt in flight (tasks `assigned` or `running`).
+    pub async fn in_flight_nodes(&self) -> Result<Vec<String>, StoreError> {
+        let sql = "SELECT DISTINCT node_id FROM tasks \
+                   WHERE state IN ('assigned', 'running') AND node_id IS NOT NULL";
+        let rows: Vec<(String,)> =
+            with_pool!(self, pool => sqlx::query_as(sql).fetch_all(pool).await)?;
+        Ok(rows.into_iter().map(|(node,)| node).collect())
+    }
+
+    /// The secret of the coordinator key `name`: the stored one, or `fresh`
+    /// when none was stored yet. Replicas sharing the database race to insert
+    /// and all read back the one that won, so they sign with the same key.
+    pub async fn coordinator_key(
+        &self,
+        name: &str,
+        fresh: &[u8],
+        now_ms: u64,
+    ) -> Result<Vec<u8>, StoreError> {
+        let insert = "INSERT INTO coordinator_keys (name, secret, created_ms) VALUES ($1, $2, $3) \
+                      ON CONFLICT (name) DO NOTHING";
+        let select = "SELECT secret FROM coordinator_keys WHERE name = $1";
+        let (secret,): (Vec<u8>,) = with_pool!(self, pool => {
+            sqlx::query(insert)
+                .bind(name)
+                .bind(fresh)
+                .bind(to_db(now_ms))
+                .execute(pool)
+                .await?;
+            sqlx::query_as(select).bind(name).fetch_one(pool).await
+        })?;
+        Ok(secret)
     }
 
     /// How many tasks are in each state (states with none are absent).
@@ -984,6 +1221,8 @@ fn next_status(task: &TaskRecord, event: &TaskEvent, max_attempts: u32) -> Optio
             }
         }
         TaskState::Cancelled => TaskStatus::Cancelled,
+        // Handled before: a refusal never changes the task.
+        TaskState::Rejected => return None,
     };
     (next != task.status || next == TaskStatus::Pending).then_some(next)
 }

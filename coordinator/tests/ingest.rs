@@ -78,8 +78,11 @@ async fn wait_for_node(http: &reqwest::Client, rest: &str, id: &str, online: boo
 async fn reports_over_mosquitto_register_nodes_and_garbage_changes_nothing() {
     let broker = common::Mosquitto::start();
     let dir = tempfile::tempdir().unwrap();
-    let running =
-        common::start_coordinator(dir.path(), |c| c.broker = Some(broker.url.clone())).await;
+    let running = common::start_coordinator(dir.path(), |c| {
+        c.broker = Some(broker.url.clone());
+        c.node_timeout = Duration::from_secs(600);
+    })
+    .await;
     assert!(!running.embedded_broker());
     assert_eq!(running.mqtt_url(), broker.url);
     let rest = running.rest_url();
@@ -229,7 +232,13 @@ async fn task_state(http: &reqwest::Client, rest: &str, id: &str, state: &str) -
 #[tokio::test]
 async fn a_task_runs_through_a_stand_in_agent_over_the_embedded_broker() {
     let dir = tempfile::tempdir().unwrap();
-    let running = common::start_coordinator(dir.path(), |c| c.max_attempts = 2).await;
+    // The stand-in sends one telemetry report, not one a second: a long node
+    // timeout keeps it from being suspected mid-test.
+    let running = common::start_coordinator(dir.path(), |c| {
+        c.max_attempts = 2;
+        c.node_timeout = Duration::from_secs(600);
+    })
+    .await;
     assert!(running.embedded_broker());
     let rest = running.rest_url();
     let http = reqwest::Client::new();
@@ -418,7 +427,7 @@ async fn a_task_runs_through_a_stand_in_agent_over_the_embedded_broker() {
 async fn a_silent_node_gets_no_work_until_it_reports_again() {
     let dir = tempfile::tempdir().unwrap();
     let running = common::start_coordinator(dir.path(), |c| {
-        c.silent_node_after = Duration::from_millis(700);
+        c.node_timeout = Duration::from_millis(700);
     })
     .await;
     let rest = running.rest_url();

@@ -30,6 +30,7 @@ fn new_task(id: &str, artifact: Digest, created_ms: u64) -> NewTask {
             wall_ms: 2_000,
             memory_bytes: 16 << 20,
             output_bytes: 4096,
+            ..TaskLimits::default()
         },
         work_seconds: 0.25,
         priority: 7,
@@ -374,6 +375,7 @@ mod redeliveries {
             Just(TaskState::Succeeded),
             Just(TaskState::Failed),
             Just(TaskState::Cancelled),
+            Just(TaskState::Rejected),
         ]
     }
 
@@ -433,10 +435,11 @@ mod redeliveries {
                 let mut stored = once.2.clone();
                 stored.sort();
                 assert_eq!(stored, distinct);
-                // Attempt 2 was never assigned: its events never move the task.
-                let first_terminal = sequence
-                    .iter()
-                    .find(|(attempt, state)| *attempt == 1 && state.is_terminal());
+                // Attempt 2 was never assigned: its events never move the task;
+                // nor does a refusal, which is history only.
+                let first_terminal = sequence.iter().find(|(attempt, state)| {
+                    *attempt == 1 && state.is_terminal() && *state != TaskState::Rejected
+                });
                 match first_terminal {
                     Some((_, TaskState::Succeeded)) => assert_eq!(once.0, TaskStatus::Succeeded),
                     Some((_, TaskState::Failed)) => assert_eq!(once.0, TaskStatus::Failed),
