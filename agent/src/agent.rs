@@ -1,33 +1,50 @@
-//! The I/O loop: the MQTT connection (rumqttc, persistent session, last will),
-//! the telemetry timer and the attempt runners, wired to the [`Session`] that
-//! decides what to say.
+//! The I/O loop: the MQTT connection (rumqttc, persistent session, manual
+//! acknowledgements, last will), the journal, the telemetry timer and the
+//! attempt runners, wired to the [`Session`] that decides what to say.
 //!
-//! Two tasks share the work. The connection task polls rumqttc's event loop
-//! (which also writes outgoing packets and reconnects with backoff) and
-//! forwards what arrives; the main task owns the session, publishes through
-//! the client and starts runners. The connection task never waits on the main
-//! task (its channel is unbounded), so a full client queue cannot deadlock them.
+//! Three tasks share the work, and none waits on another's progress:
+//!
+//! - the **connection** task polls rumqttc's event loop (which writes outgoing
+//!   packets and reconnects with backoff) and forwards what arrives; it never
+//!   publishes, since an awaiting publish from the task that polls the event
+//!   loop deadlocks once the request queue is full;
+//! - the **main** task owns the session and the journal writes: it journals,
+//!   then hands publications, subscriptions and broker acknowledgements to
+//!   the outbound task through an unbounded channel, so a lost link never
+//!   stops it from journaling what the runners report;
+//! - the **outbound** task sends those in order through the client, and sends
+//!   the journal's unacknowledged events again every `event_resend_interval`
+//!   and after each reconnect.
+//!
+//! The orderings that make delivery survive a crash: an assignment is
+//! acknowledged to the broker only after it is in the journal (a crash before
+//! that means redelivery, not loss); an event is in the journal's outbox
+//! before it is published, and stays there until the coordinator's receipt;
+//! subscriptions are renewed on every CONNACK.
 
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use rumqttc::{
     AsyncClient, ConnectionError, Event, EventLoop, LastWill, MqttOptions,
     Outgoing as MqttOutgoing, Packet, QoS,
 };
 use starling_proto::limits::MAX_MESSAGE_BYTES;
-use starling_proto::{EncodeError, LinkState, NodeState, Topics};
-use tokio::sync::mpsc;
+use starling_proto::{
+    Assignment, Capability, Channel, EncodeError, LinkState, NodeState, TaskEvent, Topics,
+};
+use tokio::sync::{mpsc, watch};
 
 use crate::artifact::{ArtifactStore, OpenStoreError};
 use crate::config::{AgentConfig, BrokerAddress, ConfigError};
-use crate::journal::{AttemptJournal, JournalError};
+use crate::journal::{Journal, JournalError, JournalLimits};
 use crate::probe::{add_opencl, probe, probe_opencl, ProbeError};
 use crate::runner::Runner;
 use crate::session::{Action, Outgoing, Session};
 use crate::telemetry::TelemetrySampler;
+use crate::verify::{AssignmentVerifier, DEFAULT_CLOCK_SKEW};
 use crate::wasm::{ExecError, WasmExecutor};
 
 /// MQTT packet size limit: the largest message plus room for the topic and
@@ -42,6 +59,10 @@ const MAX_RECONNECT_BACKOFF: Duration = Duration::from_secs(10);
 
 /// How long shutdown waits for the offline status and disconnect to go out.
 const SHUTDOWN_FLUSH_TIMEOUT: Duration = Duration::from_secs(3);
+
+/// How many unacknowledged events are read from the journal at a time when
+/// sending them again.
+const RESEND_PAGE: usize = 64;
 
 /// Why the agent could not start or keep running.
 #[derive(Debug, thiserror::Error)]
@@ -69,7 +90,7 @@ pub enum AgentError {
     /// A message of the agent's own could not be encoded.
     #[error(transparent)]
     Encode(#[from] EncodeError),
-    /// The attempt journal could not be opened.
+    /// The journal could not be opened.
     #[error(transparent)]
     Journal(#[from] JournalError),
     /// A background thread of the agent failed.
@@ -83,9 +104,27 @@ enum Inbound {
     /// Acknowledged only after the session has handled it and the journal has
     /// it, so a crash in between means redelivery rather than loss.
     Publish(rumqttc::Publish),
-    Reconnected {
-        session_present: bool,
-    },
+    /// A CONNACK after a lost connection.
+    Reconnected,
+}
+
+/// What the main task asks the outbound task to send, in order.
+#[derive(Debug)]
+enum Outbound {
+    Publish(Outgoing),
+    Subscribe(Vec<(String, QoS)>),
+    /// The broker acknowledgement of an inbound QoS 1 message.
+    Ack(rumqttc::Publish),
+    /// Send every unacknowledged event again (after a CONNACK).
+    ResendAll,
+}
+
+/// The current time as Unix milliseconds.
+fn unix_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|elapsed| u64::try_from(elapsed.as_millis()).unwrap_or(u64::MAX))
+        .unwrap_or(0)
 }
 
 /// Round-trip time toward the broker, from MQTT pings (and the first connect).
@@ -142,8 +181,9 @@ impl LinkTracker {
 }
 
 /// Runs the agent until `shutdown` resolves, then publishes `offline` and
-/// disconnects. Fails at start when the configuration, the probe or the
-/// broker is wrong; after a successful start, connection losses are retried.
+/// disconnects. Fails at start when the configuration, the probe, the
+/// journal or the broker is wrong; after a successful start, connection
+/// losses are retried.
 pub async fn run(
     config: AgentConfig,
     shutdown: impl Future<Output = ()> + Send,
@@ -152,6 +192,7 @@ pub async fn run(
     let address = BrokerAddress::parse(&config.broker)?;
     let node_id = config.resolved_node_id()?;
     let topics = Topics::new(&config.topic_prefix).map_err(ConfigError::from)?;
+    let verifier = verifier(&config, &node_id)?;
 
     let probe_config = config.clone();
     let mut capability = tokio::task::spawn_blocking(move || probe(&probe_config))
@@ -162,19 +203,27 @@ pub async fn run(
         add_opencl(&mut capability, opencl);
     }
     let artifacts = ArtifactStore::open(&config.data_dir, config.max_artifact_bytes)?;
-    let executor = Arc::new(WasmExecutor::new()?);
+    let executor = Arc::new(WasmExecutor::with_policy(config.allowed_grants)?);
 
-    let mut session = Session::new(node_id.clone(), topics);
+    let limits = JournalLimits {
+        max_entries: config.journal_max_entries,
+        max_attempts: config.journal_max_attempts,
+        skew: verifier.skew,
+    };
+    let (journal, remembered) = Journal::open(&config.data_dir, limits).await?;
+    tracing::info!(path = %journal.path().display(), attempts = remembered.len(), "journal open");
+    let mut session = Session::new(node_id.clone(), topics, verifier);
     session.set_runtimes(&capability.runtimes);
-    let (mut journal, remembered) = AttemptJournal::open(&config.data_dir)?;
-    let interrupted = session.restore(remembered)?;
-    write_journal(&mut journal, &mut session);
+    let resumed = session.restore(remembered, unix_ms());
+
     let will = session.status(NodeState::Offline)?;
     let mut options = MqttOptions::new(node_id.as_str(), address.host.as_str(), address.port);
     options
         .set_clean_session(false)
         .set_keep_alive(config.keep_alive)
         .set_max_packet_size(MAX_PACKET_BYTES, MAX_PACKET_BYTES)
+        // rumqttc would otherwise acknowledge a QoS 1 assignment on receipt,
+        // and a crash before the journal write would lose it.
         .set_manual_acks(true)
         .set_last_will(LastWill::new(
             will.topic,
@@ -182,6 +231,7 @@ pub async fn run(
             QoS::AtLeastOnce,
             true,
         ));
+    crate::tls::configure_mqtt(&mut options, &address, &config).map_err(ConfigError::from)?;
     let (client, mut eventloop) = AsyncClient::new(options, 256);
 
     let connect_started = Instant::now();
@@ -189,13 +239,7 @@ pub async fn run(
     let link = Arc::new(LinkTracker::new(Some(connect_started.elapsed())));
     tracing::info!(node = %node_id, broker = %config.broker, session_present, "connected");
 
-    subscribe(&client, &session).await;
-    publish(&client, session.status(NodeState::Online)?).await;
-    publish(&client, session.capability(&capability)?).await;
-    for outgoing in interrupted {
-        publish(&client, outgoing).await;
-    }
-
+    let (connected_sender, connected) = watch::channel(true);
     let (inbound_sender, mut inbound) = mpsc::unbounded_channel();
     let stopping = Arc::new(AtomicBool::new(false));
     let connection = tokio::spawn(drive_connection(
@@ -203,6 +247,16 @@ pub async fn run(
         inbound_sender,
         Arc::clone(&link),
         Arc::clone(&stopping),
+        connected_sender,
+    ));
+    let (outbound_sender, outbound) = mpsc::unbounded_channel();
+    let outbound_task = tokio::spawn(drive_outbound(
+        client.clone(),
+        journal.clone(),
+        outbound,
+        connected,
+        session.topic(Channel::Events),
+        config.event_resend_interval,
     ));
 
     let (event_sender, mut events) = mpsc::unbounded_channel();
@@ -221,6 +275,15 @@ pub async fn run(
         event_sender,
     ));
     let counters = runner.counters();
+    let mut io = Io {
+        session,
+        journal,
+        outbound: outbound_sender,
+        runner: Arc::clone(&runner),
+    };
+    io.on_connected(&capability)?;
+    io.perform(resumed).await;
+
     let mut sampler = TelemetrySampler::new(node_id, capability.power_levels.to_vec());
     let mut telemetry_timer = tokio::time::interval(config.telemetry_interval);
     telemetry_timer.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
@@ -237,48 +300,23 @@ pub async fn run(
                 };
                 match message {
                     Inbound::Publish(message) => {
-                        match session.on_publish(&message.topic, &message.payload) {
-                            Ok(actions) => {
-                                for action in actions {
-                                    match action {
-                                        Action::Publish(outgoing) => publish(&client, outgoing).await,
-                                        Action::Start { assignment, cancel } => {
-                                            tracing::info!(task = %assignment.task_id,
-                                                attempt = assignment.attempt, "assignment accepted");
-                                            tokio::spawn(Arc::clone(&runner).run_attempt(*assignment, cancel));
-                                        }
-                                    }
-                                }
-                            }
+                        match io.session.on_publish(&message.topic, &message.payload, unix_ms()) {
+                            Ok(actions) => io.perform(actions).await,
                             Err(error) => tracing::warn!(%error, "inbound message dropped"),
                         }
-                        write_journal(&mut journal, &mut session);
-                        if let Err(error) = client.ack(&message).await {
-                            tracing::warn!(%error, "cannot queue an acknowledgement");
-                        }
+                        // Only now: whatever the message asked is journaled.
+                        io.send(Outbound::Ack(message));
                     }
-                    Inbound::Reconnected { session_present } => {
-                        if !session_present {
-                            // The broker forgot us (restarted without
-                            // persistence): subscriptions must be renewed.
-                            subscribe(&client, &session).await;
-                            publish(&client, session.capability(&capability)?).await;
-                        }
-                        // The last will may have announced us offline meanwhile.
-                        publish(&client, session.status(NodeState::Online)?).await;
-                    }
+                    Inbound::Reconnected => io.on_connected(&capability)?,
                 }
             }
             Some(event) = events.recv() => {
-                match session.on_task_event(event) {
-                    Ok(outgoing) => publish(&client, outgoing).await,
-                    Err(error) => tracing::error!(%error, "cannot encode a task event"),
-                }
-                write_journal(&mut journal, &mut session);
+                let action = io.session.on_task_event(event);
+                io.perform(vec![action]).await;
             }
             _ = telemetry_timer.tick() => {
                 let telemetry = sampler.sample(counters.snapshot(), runner.power_level(), link.state());
-                match session.telemetry(&telemetry) {
+                match io.session.telemetry(&telemetry) {
                     // Never wait for room: while the broker is unreachable the
                     // client's queue fills, and a stale sample is worth nothing.
                     Ok(outgoing) => {
@@ -293,7 +331,24 @@ pub async fn run(
     }
 
     tracing::info!("shutting down: cancelling running attempts, publishing offline status");
-    session.cancel_all();
+    io.session.cancel_all();
+    let Io {
+        session,
+        journal,
+        outbound,
+        ..
+    } = io;
+    // Closing the channel ends the outbound task once it has sent what was
+    // queued; the offline status goes after it.
+    drop(outbound);
+    if tokio::time::timeout(SHUTDOWN_FLUSH_TIMEOUT, outbound_task)
+        .await
+        .is_err()
+    {
+        tracing::warn!(
+            "queued messages were not all sent before shutdown; the journal keeps the events"
+        );
+    }
     publish(&client, session.status(NodeState::Offline)?).await;
     stopping.store(true, Ordering::SeqCst);
     if let Err(error) = client.disconnect().await {
@@ -303,7 +358,135 @@ pub async fn run(
         Ok(_) => {}
         Err(_) => tracing::warn!("the broker did not take the disconnect in time"),
     }
+    journal.close().await;
     Ok(())
+}
+
+/// The assignment checks from the configuration, with a warning when they
+/// are weakened or will refuse everything.
+fn verifier(
+    config: &AgentConfig,
+    node_id: &starling_proto::NodeId,
+) -> Result<AssignmentVerifier, AgentError> {
+    let key = config
+        .coordinator_key
+        .map(|bytes| {
+            ed25519_dalek::VerifyingKey::from_bytes(&bytes).map_err(|_| {
+                ConfigError::CoordinatorKey {
+                    detail: "the bytes are not an ed25519 public key".to_owned(),
+                }
+            })
+        })
+        .transpose()?;
+    if key.is_none() {
+        if config.allow_unsigned {
+            tracing::warn!("no coordinator key and --allow-unsigned: assignments run WITHOUT signature checks; use this for development only");
+        } else {
+            tracing::warn!("no coordinator key: every assignment will be refused as unverifiable; enroll this node or pass --coordinator-key");
+        }
+    }
+    Ok(AssignmentVerifier {
+        key,
+        node_id: node_id.clone(),
+        skew: DEFAULT_CLOCK_SKEW,
+        allow_unsigned: config.allow_unsigned,
+    })
+}
+
+/// The main task's state: the session, the journal and the ways out.
+struct Io {
+    session: Session,
+    journal: Journal,
+    outbound: mpsc::UnboundedSender<Outbound>,
+    runner: Arc<Runner>,
+}
+
+impl Io {
+    fn send(&self, request: Outbound) {
+        // The outbound task lives until the channel closes at shutdown.
+        let _ = self.outbound.send(request);
+    }
+
+    /// After every CONNACK: subscribe again (a clean session forgot them),
+    /// announce the node, then send every unacknowledged event.
+    fn on_connected(&self, capability: &Capability) -> Result<(), AgentError> {
+        self.send(Outbound::Subscribe(self.session.subscriptions().to_vec()));
+        // The last will may have announced us offline meanwhile.
+        self.send(Outbound::Publish(self.session.status(NodeState::Online)?));
+        self.send(Outbound::Publish(self.session.capability(capability)?));
+        self.send(Outbound::ResendAll);
+        Ok(())
+    }
+
+    async fn perform(&mut self, actions: Vec<Action>) {
+        for action in actions {
+            match action {
+                Action::Publish(outgoing) => self.send(Outbound::Publish(outgoing)),
+                Action::Emit(event) => self.emit(event).await,
+                Action::Accept {
+                    assignment,
+                    accepted,
+                    cancel,
+                } => match self.journal.accept(&assignment, &accepted, unix_ms()).await {
+                    Ok(pruned) => {
+                        self.session.forget(&pruned);
+                        self.publish_event(&accepted);
+                        tracing::info!(task = %assignment.task_id,
+                            attempt = assignment.attempt, "assignment accepted");
+                        self.start(*assignment, cancel);
+                    }
+                    Err(error) => {
+                        tracing::warn!(task = %assignment.task_id, attempt = assignment.attempt,
+                            %error, "assignment refused: the journal cannot take it");
+                        let busy = self.session.refuse(
+                            &assignment.task_id,
+                            assignment.attempt,
+                            &error.to_string(),
+                        );
+                        self.publish_event(&busy);
+                    }
+                },
+                Action::Start { assignment, cancel } => self.start(*assignment, cancel),
+                Action::Acked(ack) => {
+                    if let Err(error) = self.journal.ack(&ack.task_id, ack.attempt, ack.state).await
+                    {
+                        tracing::error!(%error, "cannot drop an acknowledged event from the journal");
+                    }
+                }
+            }
+        }
+    }
+
+    fn start(&self, assignment: Assignment, cancel: Arc<AtomicBool>) {
+        tokio::spawn(Arc::clone(&self.runner).run_attempt(assignment, cancel));
+    }
+
+    /// Journals a new event, then publishes it.
+    async fn emit(&mut self, event: TaskEvent) {
+        match self.journal.record(&event, unix_ms()).await {
+            Ok(pruned) => self.session.forget(&pruned),
+            Err(JournalError::Full { .. }) => {
+                // Only an event that would start a new attempt meets a full
+                // journal: it goes out once, unjournaled, and is forgotten.
+                tracing::warn!(task = %event.task_id, attempt = event.attempt,
+                    "the journal is full; publishing this event without keeping it");
+                self.session
+                    .forget(&[(event.task_id.clone(), event.attempt)]);
+            }
+            Err(error) => {
+                tracing::error!(%error, task = %event.task_id, attempt = event.attempt,
+                    "cannot journal a task event; publishing it once without a resend guarantee");
+            }
+        }
+        self.publish_event(&event);
+    }
+
+    fn publish_event(&self, event: &TaskEvent) {
+        match self.session.event_message(event) {
+            Ok(outgoing) => self.send(Outbound::Publish(outgoing)),
+            Err(error) => tracing::error!(%error, "cannot encode a task event"),
+        }
+    }
 }
 
 /// Polls until the first CONNACK; any failure is fatal at start.
@@ -347,6 +530,7 @@ async fn drive_connection(
     inbound: mpsc::UnboundedSender<Inbound>,
     link: Arc<LinkTracker>,
     stopping: Arc<AtomicBool>,
+    online: watch::Sender<bool>,
 ) {
     let mut backoff = Duration::from_millis(100);
     let mut connected = true;
@@ -365,11 +549,9 @@ async fn drive_connection(
                     );
                 }
                 connected = true;
+                online.send_replace(true);
                 backoff = Duration::from_millis(100);
-                let message = Inbound::Reconnected {
-                    session_present: ack.session_present,
-                };
-                if inbound.send(message).is_err() {
+                if inbound.send(Inbound::Reconnected).is_err() {
                     return;
                 }
             }
@@ -382,6 +564,7 @@ async fn drive_connection(
                     return;
                 }
                 connected = false;
+                online.send_replace(false);
                 tracing::warn!(error = %describe(&error), retry_in = ?backoff,
                     "lost the MQTT connection; retrying");
                 tokio::time::sleep(backoff).await;
@@ -391,11 +574,89 @@ async fn drive_connection(
     }
 }
 
-async fn subscribe(client: &AsyncClient, session: &Session) {
-    for (topic, qos) in session.subscriptions() {
-        if let Err(error) = client.subscribe(topic.clone(), qos).await {
-            tracing::error!(%topic, %error, "cannot queue a subscription");
+/// Sends what the main task queues, in order, and the journal's
+/// unacknowledged events again: all of them after a CONNACK, and those older
+/// than `interval` every `interval` while connected. Ends when the main task
+/// drops its sender.
+async fn drive_outbound(
+    client: AsyncClient,
+    journal: Journal,
+    mut requests: mpsc::UnboundedReceiver<Outbound>,
+    connected: watch::Receiver<bool>,
+    events_topic: String,
+    interval: Duration,
+) {
+    let mut timer = tokio::time::interval(interval);
+    timer.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    timer.tick().await;
+    loop {
+        tokio::select! {
+            request = requests.recv() => match request {
+                None => return,
+                Some(Outbound::Publish(outgoing)) => publish(&client, outgoing).await,
+                Some(Outbound::Subscribe(topics)) => {
+                    for (topic, qos) in topics {
+                        if let Err(error) = client.subscribe(topic.clone(), qos).await {
+                            tracing::error!(%topic, %error, "cannot queue a subscription");
+                        }
+                    }
+                }
+                Some(Outbound::Ack(message)) => {
+                    if let Err(error) = client.ack(&message).await {
+                        tracing::warn!(%error, "cannot queue an acknowledgement");
+                    }
+                }
+                Some(Outbound::ResendAll) => resend(&client, &journal, &events_topic, u64::MAX).await,
+            },
+            _ = timer.tick() => {
+                if *connected.borrow() {
+                    let interval_ms = u64::try_from(interval.as_millis()).unwrap_or(u64::MAX);
+                    resend(&client, &journal, &events_topic, unix_ms().saturating_sub(interval_ms)).await;
+                }
+            }
         }
+    }
+}
+
+/// Publishes every unacknowledged event journaled no later than
+/// `created_before_ms`, oldest first.
+async fn resend(
+    client: &AsyncClient,
+    journal: &Journal,
+    events_topic: &str,
+    created_before_ms: u64,
+) {
+    let mut after = 0;
+    let mut sent = 0usize;
+    loop {
+        let page = match journal.unacked(after, created_before_ms, RESEND_PAGE).await {
+            Ok(page) => page,
+            Err(error) => {
+                tracing::error!(%error, "cannot read unacknowledged events from the journal");
+                return;
+            }
+        };
+        let Some(last) = page.last() else { break };
+        after = last.seq;
+        for entry in page {
+            let payload = match starling_proto::encode(&entry.event) {
+                Ok(payload) => payload,
+                Err(error) => {
+                    tracing::error!(%error, "cannot encode a journaled event");
+                    continue;
+                }
+            };
+            sent += 1;
+            if let Err(error) = client
+                .publish(events_topic, QoS::AtLeastOnce, false, payload)
+                .await
+            {
+                tracing::warn!(%error, "cannot queue a task event");
+            }
+        }
+    }
+    if sent > 0 {
+        tracing::debug!(sent, "unacknowledged task events sent again");
     }
 }
 
@@ -408,15 +669,5 @@ async fn publish(client: &AsyncClient, outgoing: Outgoing) {
     } = outgoing;
     if let Err(error) = client.publish(topic.clone(), qos, retain, payload).await {
         tracing::warn!(%topic, %error, "cannot queue a publish");
-    }
-}
-
-/// Appends what the session recorded to the journal. A failing disk costs the
-/// crash-recovery memory, not the running service, so it is logged, not fatal.
-fn write_journal(journal: &mut AttemptJournal, session: &mut Session) {
-    for event in session.take_journal_entries() {
-        if let Err(error) = journal.append(&event) {
-            tracing::error!(%error, "cannot journal a task event");
-        }
     }
 }

@@ -852,6 +852,38 @@ mod tests {
     }
 
     #[test]
+    fn coordinator_keys_and_delivery_settings_parse_and_refuse() {
+        let key = "ab".repeat(32);
+        assert_eq!(parse_coordinator_key(&key).unwrap(), [0xab; 32]);
+        assert!(matches!(
+            parse_coordinator_key("abcd"),
+            Err(ConfigError::CoordinatorKey { .. })
+        ));
+        assert!(parse_coordinator_key(&"zz".repeat(32)).is_err());
+        let file = ConfigLayer::from_toml(&format!(
+            "coordinator-key = \"{key}\"\nallow-unsigned = true\njournal-max-entries = 10\nevent-resend-interval = \"2s\"\n"
+        ))
+        .unwrap();
+        let config = AgentConfig::from_layers(&[file]).unwrap();
+        assert_eq!(config.coordinator_key, Some([0xab; 32]));
+        assert!(config.allow_unsigned);
+        assert_eq!(config.journal_max_entries, 10);
+        assert_eq!(
+            config.journal_max_attempts,
+            crate::journal::DEFAULT_MAX_ATTEMPTS
+        );
+        assert_eq!(config.event_resend_interval, Duration::from_secs(2));
+        let defaults = AgentConfig::default();
+        assert_eq!(defaults.coordinator_key, None);
+        assert!(!defaults.allow_unsigned);
+        let zero = ConfigLayer {
+            journal_max_entries: Some(0),
+            ..ConfigLayer::default()
+        };
+        assert!(AgentConfig::from_layers(&[zero]).is_err());
+    }
+
+    #[test]
     fn derived_node_ids_are_valid() {
         assert!(NodeId::new(&derived_node_id()).is_ok());
         assert_eq!(sanitize_node_id("my host/1"), "my-host-1");

@@ -1,20 +1,28 @@
-//! The agent's side of the protocol, without I/O: decides what to publish and
-//! which attempts to start in response to inbound messages and task progress.
-//! The I/O loop in [`crate::agent`] feeds it and carries out its actions.
+//! The agent's side of the protocol, without I/O: decides what to journal,
+//! publish and start in response to inbound messages and task progress. The
+//! I/O loop in [`crate::agent`] feeds it (with the time, so it never reads a
+//! clock) and carries out its actions in order.
 //!
-//! It keeps every attempt it has seen with the last event published for it,
-//! so a redelivered assignment re-publishes that event instead of running the
-//! task again, and a cancel finds the attempt's flag.
+//! It keeps every attempt the journal remembers with the last event
+//! published for it, so a redelivered assignment re-publishes that event
+//! instead of running the task again, and a cancel finds the attempt's flag.
+//! A new assignment is checked first ([`AssignmentVerifier`]); a refused one
+//! is answered with a `rejected` event and leaves no trace, so a forged copy
+//! cannot shadow the real assignment of the same attempt.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use rumqttc::QoS;
 use starling_proto::{
-    Assignment, Cancel, Capability, Channel, DecodeError, EncodeError, FailureReason, NodeId,
-    NodeState, Runtime, Status, TaskEvent, TaskId, TaskState, Topics, PROTOCOL_VERSION,
+    Assignment, Cancel, Capability, Channel, DecodeError, EncodeError, EventAck, FailureReason,
+    NodeId, NodeState, Runtime, Status, TaskEvent, TaskId, TaskState, Topics, PROTOCOL_VERSION,
 };
+
+pub use crate::journal::AttemptKey;
+use crate::journal::JournaledAttempt;
+use crate::verify::AssignmentVerifier;
 
 /// An MQTT publish the session wants sent.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -29,18 +37,34 @@ pub struct Outgoing {
     pub retain: bool,
 }
 
-/// What the I/O loop must do.
+/// What the I/O loop must do, in the order given.
 #[derive(Debug, Clone)]
 pub enum Action {
-    /// Publish a message.
+    /// Publish a message as it is, without journaling: the last event of an
+    /// attempt again, or a refusal that must leave no trace.
     Publish(Outgoing),
-    /// Run an attempt; `cancel` is set when a cancel arrives for it.
+    /// A new event: journal it (the outbox), then publish it.
+    Emit(TaskEvent),
+    /// A verified new assignment: journal it with its `accepted` event in one
+    /// transaction, then publish the event and start the attempt. If the
+    /// journal refuses (full), call [`Session::refuse`] instead.
+    Accept {
+        /// The assignment.
+        assignment: Box<Assignment>,
+        /// Its `accepted` event.
+        accepted: TaskEvent,
+        /// The attempt's cancel flag.
+        cancel: Arc<AtomicBool>,
+    },
+    /// Run an attempt that is journaled already (one a restart interrupted).
     Start {
         /// The assignment.
         assignment: Box<Assignment>,
         /// The attempt's cancel flag.
         cancel: Arc<AtomicBool>,
     },
+    /// The coordinator recorded an event: drop it from the outbox.
+    Acked(EventAck),
 }
 
 /// Why an inbound message was dropped.
@@ -65,16 +89,10 @@ pub enum InboundError {
     Encode(#[from] EncodeError),
 }
 
-/// An attempt: a task id and an attempt number.
-pub type AttemptKey = (TaskId, u32);
-
 struct AttemptRecord {
     last_event: TaskEvent,
     cancel: Arc<AtomicBool>,
 }
-
-/// How many finished attempts are remembered for deduplication.
-pub const REMEMBERED_FINISHED_ATTEMPTS: usize = 4096;
 
 /// The protocol state of one agent.
 pub struct Session {
@@ -82,10 +100,11 @@ pub struct Session {
     topics: Topics,
     assign_topic: String,
     cancel_topic: String,
+    ack_topic: String,
+    verifier: AssignmentVerifier,
+    /// Mirrors the journal's `attempts`: the journal decides what is pruned
+    /// and the I/O loop passes that on ([`Session::forget`]).
     attempts: HashMap<AttemptKey, AttemptRecord>,
-    finished: VecDeque<AttemptKey>,
-    /// Accepted and final events not yet handed to the journal.
-    unjournaled: Vec<TaskEvent>,
     /// The runtimes this agent runs (those it advertises).
     runtimes: Vec<Runtime>,
 }
@@ -100,18 +119,19 @@ impl std::fmt::Debug for Session {
 }
 
 impl Session {
-    /// A session for `node_id` under `topics`.
-    pub fn new(node_id: NodeId, topics: Topics) -> Self {
+    /// A session for `node_id` under `topics`, checking assignments with `verifier`.
+    pub fn new(node_id: NodeId, topics: Topics, verifier: AssignmentVerifier) -> Self {
         let assign_topic = topics.node(&node_id, Channel::Assign);
         let cancel_topic = topics.node(&node_id, Channel::Cancel);
+        let ack_topic = topics.node(&node_id, Channel::Ack);
         Self {
             node_id,
             topics,
             assign_topic,
             cancel_topic,
+            ack_topic,
+            verifier,
             attempts: HashMap::new(),
-            finished: VecDeque::new(),
-            unjournaled: Vec::new(),
             runtimes: vec![Runtime::Wasm],
         }
     }
@@ -122,41 +142,70 @@ impl Session {
         self.runtimes = runtimes.to_vec();
     }
 
-    /// Restores attempts from the journal of an earlier run. Attempts that
-    /// were still in progress were cut short by a crash or kill: each becomes
-    /// a `failed` event (agent busy), returned for publishing, so the
-    /// coordinator can retry it instead of waiting on it.
-    pub fn restore(&mut self, events: Vec<TaskEvent>) -> Result<Vec<Outgoing>, EncodeError> {
-        let mut to_publish = Vec::new();
-        for event in events {
-            if event.state.is_terminal() {
-                let key = (event.task_id.clone(), event.attempt);
-                self.attempts.insert(
-                    key.clone(),
-                    AttemptRecord {
-                        last_event: event,
-                        cancel: Arc::new(AtomicBool::new(false)),
-                    },
-                );
-                self.finished.push_back(key);
-            } else {
-                let failed = TaskEvent::failed(
-                    event.task_id,
-                    event.attempt,
-                    self.node_id.clone(),
-                    FailureReason::AgentBusy,
-                    "the agent restarted while this attempt was in progress; it did not finish",
-                );
-                to_publish.push(self.record_event(failed)?);
+    /// Restores the attempts the journal remembers from an earlier run, at
+    /// `now_ms`. Finished ones are remembered. Unfinished ones were cut short
+    /// by a crash, a kill or a power cut: each runs again from its journaled
+    /// assignment ([`Action::Start`]) unless the task's deadline has passed
+    /// (then it is reported `failed/timeout`).
+    pub fn restore(&mut self, attempts: Vec<JournaledAttempt>, now_ms: u64) -> Vec<Action> {
+        let mut actions = Vec::new();
+        for JournaledAttempt {
+            assignment,
+            last_event,
+        } in attempts
+        {
+            let key = (last_event.task_id.clone(), last_event.attempt);
+            let cancel = Arc::new(AtomicBool::new(false));
+            let terminal = last_event.state.is_terminal();
+            self.attempts.insert(
+                key.clone(),
+                AttemptRecord {
+                    last_event,
+                    cancel: Arc::clone(&cancel),
+                },
+            );
+            if terminal {
+                continue;
             }
+            let failed = |reason, message: &str| {
+                TaskEvent::failed(key.0.clone(), key.1, self.node_id.clone(), reason, message)
+            };
+            let event = match assignment {
+                Some(assignment)
+                    if assignment
+                        .deadline_unix_ms
+                        .is_some_and(|deadline| deadline <= now_ms) =>
+                {
+                    failed(
+                        FailureReason::Timeout,
+                        "the task's deadline passed while a restart interrupted this attempt",
+                    )
+                }
+                Some(assignment) => {
+                    tracing::info!(task = %key.0, attempt = key.1,
+                        "resuming attempt {}/{} that a restart interrupted: running it again from the journal",
+                        key.0, key.1);
+                    actions.push(Action::Start {
+                        assignment: Box::new(assignment),
+                        cancel,
+                    });
+                    continue;
+                }
+                None => failed(
+                    FailureReason::AgentBusy,
+                    "the agent restarted while this attempt was in progress and kept no assignment to run it again",
+                ),
+            };
+            actions.push(self.record_event(event));
         }
-        self.evict_finished();
-        Ok(to_publish)
+        actions
     }
 
-    /// Accepted and final events recorded since the last call, for the journal.
-    pub fn take_journal_entries(&mut self) -> Vec<TaskEvent> {
-        std::mem::take(&mut self.unjournaled)
+    /// Forgets attempts the journal pruned.
+    pub fn forget(&mut self, keys: &[AttemptKey]) {
+        for key in keys {
+            self.attempts.remove(key);
+        }
     }
 
     /// The node id.
@@ -169,11 +218,14 @@ impl Session {
         self.topics.node(&self.node_id, channel)
     }
 
-    /// What to subscribe to, at QoS 1.
-    pub fn subscriptions(&self) -> [(String, QoS); 2] {
+    /// What to subscribe to, at QoS 1, after every CONNACK: a clean session
+    /// (a broker restarted without persistence) forgets subscriptions
+    /// without a word, and renewing one that exists costs nothing.
+    pub fn subscriptions(&self) -> [(String, QoS); 3] {
         [
             (self.assign_topic.clone(), QoS::AtLeastOnce),
             (self.cancel_topic.clone(), QoS::AtLeastOnce),
+            (self.ack_topic.clone(), QoS::AtLeastOnce),
         ]
     }
 
@@ -215,18 +267,26 @@ impl Session {
         })
     }
 
-    /// Handles a publish that arrived on a subscribed topic.
-    pub fn on_publish(&mut self, topic: &str, payload: &[u8]) -> Result<Vec<Action>, InboundError> {
+    /// Handles a publish that arrived on a subscribed topic at `now_ms` (Unix ms).
+    pub fn on_publish(
+        &mut self,
+        topic: &str,
+        payload: &[u8],
+        now_ms: u64,
+    ) -> Result<Vec<Action>, InboundError> {
         let decode_error = |source| InboundError::Decode {
             topic: topic.to_owned(),
             source,
         };
         if topic == self.assign_topic {
             let assignment: Assignment = starling_proto::decode(payload).map_err(decode_error)?;
-            self.on_assignment(assignment)
+            self.on_assignment(assignment, now_ms)
         } else if topic == self.cancel_topic {
             let cancel: Cancel = starling_proto::decode(payload).map_err(decode_error)?;
             self.on_cancel(cancel)
+        } else if topic == self.ack_topic {
+            let ack: EventAck = starling_proto::decode(payload).map_err(decode_error)?;
+            Ok(vec![Action::Acked(ack)])
         } else {
             Err(InboundError::UnexpectedTopic {
                 topic: topic.to_owned(),
@@ -234,12 +294,27 @@ impl Session {
         }
     }
 
-    fn on_assignment(&mut self, assignment: Assignment) -> Result<Vec<Action>, InboundError> {
+    fn on_assignment(
+        &mut self,
+        assignment: Assignment,
+        now_ms: u64,
+    ) -> Result<Vec<Action>, InboundError> {
         let key = (assignment.task_id.clone(), assignment.attempt);
         if let Some(record) = self.attempts.get(&key) {
+            // Not a replay: the broker or the coordinator's outbox delivered
+            // it again because our events have not been acknowledged yet.
             tracing::info!(task = %key.0, attempt = key.1, state = ?record.last_event.state,
                 "assignment redelivered; re-publishing the attempt's last event instead of running it again");
             let event = record.last_event.clone();
+            return Ok(vec![Action::Publish(self.event_message(&event)?)]);
+        }
+        if let Err(refusal) = self.verifier.check(&assignment, now_ms) {
+            tracing::warn!(task = %key.0, attempt = key.1, %refusal, "assignment refused");
+            let mut event =
+                TaskEvent::state(key.0, key.1, self.node_id.clone(), TaskState::Rejected);
+            event.message = Some(starling_proto::task::truncate(&format!(
+                "refused: {refusal}"
+            )));
             return Ok(vec![Action::Publish(self.event_message(&event)?)]);
         }
         if !self.runtimes.contains(&assignment.runtime) {
@@ -256,7 +331,7 @@ impl Session {
                     offered.join(", ")
                 ),
             );
-            return Ok(vec![Action::Publish(self.record_event(event)?)]);
+            return Ok(vec![self.record_event(event)]);
         }
         let cancel = Arc::new(AtomicBool::new(false));
         let accepted = TaskEvent::state(
@@ -272,14 +347,26 @@ impl Session {
                 cancel: Arc::clone(&cancel),
             },
         );
-        self.unjournaled.push(accepted.clone());
-        Ok(vec![
-            Action::Publish(self.event_message(&accepted)?),
-            Action::Start {
-                assignment: Box::new(assignment),
-                cancel,
-            },
-        ])
+        Ok(vec![Action::Accept {
+            assignment: Box::new(assignment),
+            accepted,
+            cancel,
+        }])
+    }
+
+    /// The journal could not take a new attempt (full, or failing): the
+    /// attempt is forgotten and this `failed/agent_busy` event is to be
+    /// published without journaling, so the coordinator places the task
+    /// elsewhere.
+    pub fn refuse(&mut self, task_id: &TaskId, attempt: u32, why: &str) -> TaskEvent {
+        self.attempts.remove(&(task_id.clone(), attempt));
+        TaskEvent::failed(
+            task_id.clone(),
+            attempt,
+            self.node_id.clone(),
+            FailureReason::AgentBusy,
+            &format!("refused: {why}"),
+        )
     }
 
     fn on_cancel(&mut self, cancel: Cancel) -> Result<Vec<Action>, InboundError> {
@@ -290,7 +377,7 @@ impl Session {
                 Ok(vec![Action::Publish(self.event_message(&event)?)])
             }
             Some(record) => {
-                // The runner notices the flag and publishes `cancelled` itself,
+                // The runner notices the flag and reports `cancelled` itself,
                 // so the event follows whatever it was doing.
                 record.cancel.store(true, Ordering::SeqCst);
                 Ok(Vec::new())
@@ -304,13 +391,15 @@ impl Session {
                     self.node_id.clone(),
                     TaskState::Cancelled,
                 );
-                Ok(vec![Action::Publish(self.record_event(event)?)])
+                Ok(vec![self.record_event(event)])
             }
         }
     }
 
-    /// Records progress reported by a runner and returns the message to publish.
-    pub fn on_task_event(&mut self, event: TaskEvent) -> Result<Outgoing, EncodeError> {
+    /// Records progress reported by a runner: [`Action::Emit`] for a new
+    /// event, or [`Action::Publish`] of the last event when the attempt had
+    /// already finished (a late `running` never regresses it).
+    pub fn on_task_event(&mut self, event: TaskEvent) -> Action {
         match self.event_message(&event) {
             Ok(_) => self.record_event(event),
             Err(error) => {
@@ -329,9 +418,14 @@ impl Session {
         }
     }
 
-    /// Whether an attempt has been seen.
+    /// Whether an attempt is remembered.
     pub fn knows(&self, task_id: &TaskId, attempt: u32) -> bool {
         self.attempts.contains_key(&(task_id.clone(), attempt))
+    }
+
+    /// How many attempts are remembered.
+    pub fn remembered(&self) -> usize {
+        self.attempts.len()
     }
 
     /// Sets the cancel flag of every unfinished attempt (used at shutdown).
@@ -343,48 +437,33 @@ impl Session {
         }
     }
 
-    fn record_event(&mut self, event: TaskEvent) -> Result<Outgoing, EncodeError> {
-        let message = self.event_message(&event)?;
+    fn record_event(&mut self, event: TaskEvent) -> Action {
         let key = (event.task_id.clone(), event.attempt);
-        let terminal = event.state.is_terminal();
         match self.attempts.get_mut(&key) {
-            Some(record) => {
-                if record.last_event.state.is_terminal() {
-                    // Never regress a finished attempt (a late `running`, say).
-                    let last = record.last_event.clone();
-                    return self.event_message(&last);
-                }
-                record.last_event = event;
+            Some(record) if record.last_event.state.is_terminal() => {
+                // Never regress a finished attempt (a late `running`, say).
+                let last = record.last_event.clone();
+                return match self.event_message(&last) {
+                    Ok(message) => Action::Publish(message),
+                    Err(_) => Action::Emit(last),
+                };
             }
+            Some(record) => record.last_event = event.clone(),
             None => {
                 self.attempts.insert(
-                    key.clone(),
+                    key,
                     AttemptRecord {
-                        last_event: event,
+                        last_event: event.clone(),
                         cancel: Arc::new(AtomicBool::new(false)),
                     },
                 );
             }
         }
-        if terminal {
-            if let Some(record) = self.attempts.get(&key) {
-                self.unjournaled.push(record.last_event.clone());
-            }
-            self.finished.push_back(key);
-            self.evict_finished();
-        }
-        Ok(message)
+        Action::Emit(event)
     }
 
-    fn evict_finished(&mut self) {
-        while self.finished.len() > REMEMBERED_FINISHED_ATTEMPTS {
-            if let Some(oldest) = self.finished.pop_front() {
-                self.attempts.remove(&oldest);
-            }
-        }
-    }
-
-    fn event_message(&self, event: &TaskEvent) -> Result<Outgoing, EncodeError> {
+    /// The MQTT message carrying a task event.
+    pub fn event_message(&self, event: &TaskEvent) -> Result<Outgoing, EncodeError> {
         Ok(Outgoing {
             topic: self.topic(Channel::Events),
             payload: starling_proto::encode(event)?,
@@ -398,15 +477,25 @@ impl Session {
 #[allow(clippy::unwrap_used, clippy::expect_used)]
 mod tests {
     use super::*;
-    use starling_proto::{Digest, ExecLimits};
+    use ed25519_dalek::{Signer, SigningKey};
+    use starling_proto::{Digest, ExecLimits, Grants};
+
+    const NOW: u64 = 1_700_000_000_000;
+
+    fn key() -> SigningKey {
+        SigningKey::from_bytes(&[7; 32])
+    }
 
     fn session() -> Session {
-        Session::new(NodeId::new("n1").unwrap(), Topics::default())
+        let node = NodeId::new("n1").unwrap();
+        let verifier = AssignmentVerifier::new(node.clone(), Some(key().verifying_key()));
+        Session::new(node, Topics::default(), verifier)
     }
 
     fn assignment(task: &str, attempt: u32) -> Assignment {
-        Assignment {
+        let mut a = Assignment {
             v: PROTOCOL_VERSION,
+            node_id: NodeId::new("n1").unwrap(),
             task_id: TaskId::new(task).unwrap(),
             attempt,
             runtime: Runtime::Wasm,
@@ -417,7 +506,22 @@ mod tests {
             limits: ExecLimits::default(),
             power_level: 0,
             deadline_unix_ms: None,
-        }
+            grants: Grants::default(),
+            publisher: None,
+            issued_unix_ms: NOW,
+            expires_unix_ms: NOW + 60_000,
+            signature: Vec::new(),
+        };
+        sign(&mut a);
+        a
+    }
+
+    fn sign(a: &mut Assignment) {
+        a.signature = key().sign(&a.signed_bytes().unwrap()).to_bytes().to_vec();
+    }
+
+    fn encoded(a: &Assignment) -> Vec<u8> {
+        starling_proto::encode(a).unwrap()
     }
 
     fn published_event(action: &Action) -> TaskEvent {
@@ -427,7 +531,14 @@ mod tests {
                 assert_eq!(out.qos, QoS::AtLeastOnce);
                 starling_proto::decode(&out.payload).unwrap()
             }
-            Action::Start { .. } => panic!("expected a publish, got a start"),
+            other => panic!("expected a publish, got {other:?}"),
+        }
+    }
+
+    fn emitted_event(action: &Action) -> TaskEvent {
+        match action {
+            Action::Emit(event) => event.clone(),
+            other => panic!("expected an emit, got {other:?}"),
         }
     }
 
@@ -435,11 +546,13 @@ mod tests {
     fn new_assignment_is_accepted_and_started_once() {
         let mut s = session();
         let topic = s.subscriptions()[0].0.clone();
-        let payload = starling_proto::encode(&assignment("t1", 1)).unwrap();
-        let actions = s.on_publish(&topic, &payload).unwrap();
-        assert_eq!(actions.len(), 2);
-        assert_eq!(published_event(&actions[0]).state, TaskState::Accepted);
-        assert!(matches!(&actions[1], Action::Start { assignment, .. } if assignment.attempt == 1));
+        let payload = encoded(&assignment("t1", 1));
+        let actions = s.on_publish(&topic, &payload, NOW).unwrap();
+        assert_eq!(actions.len(), 1);
+        assert!(
+            matches!(&actions[0], Action::Accept { assignment, accepted, .. }
+            if assignment.attempt == 1 && accepted.state == TaskState::Accepted)
+        );
 
         let done = TaskEvent::state(
             TaskId::new("t1").unwrap(),
@@ -447,25 +560,65 @@ mod tests {
             s.node_id().clone(),
             TaskState::Succeeded,
         );
-        s.on_task_event(done).unwrap();
+        assert_eq!(
+            emitted_event(&s.on_task_event(done)).state,
+            TaskState::Succeeded
+        );
 
         // Redelivery: the last event again, no start.
-        let again = s.on_publish(&topic, &payload).unwrap();
+        let again = s.on_publish(&topic, &payload, NOW).unwrap();
         assert_eq!(again.len(), 1);
         assert_eq!(published_event(&again[0]).state, TaskState::Succeeded);
 
         // Another attempt of the same task is new work.
-        let retry = starling_proto::encode(&assignment("t1", 2)).unwrap();
-        assert_eq!(s.on_publish(&topic, &retry).unwrap().len(), 2);
+        let retry = encoded(&assignment("t1", 2));
+        assert!(matches!(
+            s.on_publish(&topic, &retry, NOW).unwrap()[0],
+            Action::Accept { .. }
+        ));
+    }
+
+    #[test]
+    fn refused_assignments_are_rejected_and_leave_no_trace() {
+        let mut s = session();
+        let topic = s.subscriptions()[0].0.clone();
+        let mut forged = assignment("t", 1);
+        forged.input = b"something else".to_vec();
+        let mut elsewhere = assignment("t", 1);
+        elsewhere.node_id = NodeId::new("n2").unwrap();
+        sign(&mut elsewhere);
+        for (bad, check) in [(forged, "bad signature"), (elsewhere, "wrong node")] {
+            let actions = s.on_publish(&topic, &encoded(&bad), NOW).unwrap();
+            let event = published_event(&actions[0]);
+            assert_eq!(event.state, TaskState::Rejected);
+            let message = event.message.unwrap();
+            assert!(message.contains(check), "{message}");
+        }
+        // The real assignment of the same attempt still runs.
+        let actions = s
+            .on_publish(&topic, &encoded(&assignment("t", 1)), NOW)
+            .unwrap();
+        assert!(matches!(actions[0], Action::Accept { .. }));
+    }
+
+    #[test]
+    fn a_full_journal_refusal_forgets_the_attempt() {
+        let mut s = session();
+        let topic = s.subscriptions()[0].0.clone();
+        s.on_publish(&topic, &encoded(&assignment("busy", 1)), NOW)
+            .unwrap();
+        let event = s.refuse(&TaskId::new("busy").unwrap(), 1, "the journal is full");
+        assert_eq!(event.reason, Some(FailureReason::AgentBusy));
+        assert!(!s.knows(&TaskId::new("busy").unwrap(), 1));
     }
 
     #[test]
     fn malformed_payloads_are_typed_errors_and_change_nothing() {
         let mut s = session();
-        let [(assign, _), (cancel, _)] = s.subscriptions();
+        let [(assign, _), (cancel, _), (ack, _)] = s.subscriptions();
         for garbage in [&b""[..], b"\xff\xff", b"not cbor", &[0x9f; 64]] {
-            for topic in [&assign, &cancel] {
-                let error = s.on_publish(topic, garbage).unwrap_err();
+            for topic in [&assign, &cancel, &ack] {
+                let error = s.on_publish(topic, garbage, NOW).unwrap_err();
                 assert!(matches!(error, InboundError::Decode { .. }), "{error}");
             }
         }
@@ -476,26 +629,53 @@ mod tests {
             attempt: 1,
         })
         .unwrap();
-        assert!(s.on_publish(&assign, &wrong).is_err());
+        assert!(s.on_publish(&assign, &wrong, NOW).is_err());
         assert!(matches!(
-            s.on_publish("elsewhere", b"x"),
+            s.on_publish("elsewhere", b"x", NOW),
             Err(InboundError::UnexpectedTopic { .. })
         ));
-        assert_eq!(s.attempts.len(), 0);
+        assert_eq!(s.remembered(), 0);
+    }
+
+    #[test]
+    fn subscriptions_cover_assign_cancel_and_ack() {
+        let s = session();
+        let topics: Vec<String> = s.subscriptions().into_iter().map(|(t, _)| t).collect();
+        assert_eq!(
+            topics,
+            [
+                "starling/v1/nodes/n1/assign",
+                "starling/v1/nodes/n1/cancel",
+                "starling/v1/nodes/n1/ack"
+            ]
+        );
+    }
+
+    #[test]
+    fn receipts_become_acked_actions() {
+        let mut s = session();
+        let ack = EventAck {
+            v: PROTOCOL_VERSION,
+            task_id: TaskId::new("t").unwrap(),
+            attempt: 3,
+            state: TaskState::Succeeded,
+        };
+        let topic = s.subscriptions()[2].0.clone();
+        let actions = s
+            .on_publish(&topic, &starling_proto::encode(&ack).unwrap(), NOW)
+            .unwrap();
+        assert!(matches!(&actions[..], [Action::Acked(a)] if *a == ack));
     }
 
     #[test]
     fn cancel_sets_the_flag_of_a_running_attempt() {
         let mut s = session();
-        let [(assign, _), (cancel_topic, _)] = s.subscriptions();
+        let [(assign, _), (cancel_topic, _), _] = s.subscriptions();
         let actions = s
-            .on_publish(
-                &assign,
-                &starling_proto::encode(&assignment("t", 1)).unwrap(),
-            )
+            .on_publish(&assign, &encoded(&assignment("t", 1)), NOW)
             .unwrap();
-        let Action::Start { cancel, .. } = &actions[1] else {
-            panic!("no start")
+        let Action::Accept { cancel, .. } = &actions[0] else {
+            panic!("no accept")
         };
         let message = starling_proto::encode(&Cancel {
             v: PROTOCOL_VERSION,
@@ -503,27 +683,27 @@ mod tests {
             attempt: 1,
         })
         .unwrap();
-        assert!(s.on_publish(&cancel_topic, &message).unwrap().is_empty());
+        assert!(s
+            .on_publish(&cancel_topic, &message, NOW)
+            .unwrap()
+            .is_empty());
         assert!(cancel.load(Ordering::SeqCst));
     }
 
     #[test]
     fn cancel_before_assignment_prevents_the_run() {
         let mut s = session();
-        let [(assign, _), (cancel_topic, _)] = s.subscriptions();
+        let [(assign, _), (cancel_topic, _), _] = s.subscriptions();
         let message = starling_proto::encode(&Cancel {
             v: PROTOCOL_VERSION,
             task_id: TaskId::new("t").unwrap(),
             attempt: 1,
         })
         .unwrap();
-        let actions = s.on_publish(&cancel_topic, &message).unwrap();
-        assert_eq!(published_event(&actions[0]).state, TaskState::Cancelled);
+        let actions = s.on_publish(&cancel_topic, &message, NOW).unwrap();
+        assert_eq!(emitted_event(&actions[0]).state, TaskState::Cancelled);
         let actions = s
-            .on_publish(
-                &assign,
-                &starling_proto::encode(&assignment("t", 1)).unwrap(),
-            )
+            .on_publish(&assign, &encoded(&assignment("t", 1)), NOW)
             .unwrap();
         assert_eq!(actions.len(), 1);
         assert_eq!(published_event(&actions[0]).state, TaskState::Cancelled);
@@ -539,67 +719,68 @@ mod tests {
             1,
             node.clone(),
             TaskState::Succeeded,
-        ))
-        .unwrap();
-        let late = s
-            .on_task_event(TaskEvent::state(task, 1, node, TaskState::Running))
-            .unwrap();
-        let event: TaskEvent = starling_proto::decode(&late.payload).unwrap();
-        assert_eq!(event.state, TaskState::Succeeded);
+        ));
+        let late = s.on_task_event(TaskEvent::state(task, 1, node, TaskState::Running));
+        assert_eq!(published_event(&late).state, TaskState::Succeeded);
     }
 
     #[test]
-    fn restored_attempts_are_remembered_and_interrupted_ones_fail() {
+    fn restore_remembers_finished_attempts_and_reruns_interrupted_ones() {
         let mut s = session();
         let node = s.node_id().clone();
-        let done = TaskEvent::state(
-            TaskId::new("done").unwrap(),
-            1,
-            node.clone(),
-            TaskState::Succeeded,
-        );
-        let cut = TaskEvent::state(TaskId::new("t").unwrap(), 1, node, TaskState::Accepted);
-        let published = s.restore(vec![done, cut]).unwrap();
-        assert_eq!(published.len(), 1);
-        let event: TaskEvent = starling_proto::decode(&published[0].payload).unwrap();
-        assert_eq!(event.reason, Some(FailureReason::AgentBusy));
-        assert_eq!(s.take_journal_entries(), vec![event]);
+        let done = JournaledAttempt {
+            assignment: None,
+            last_event: TaskEvent::state(
+                TaskId::new("done").unwrap(),
+                1,
+                node.clone(),
+                TaskState::Succeeded,
+            ),
+        };
+        let cut = JournaledAttempt {
+            assignment: Some(assignment("cut", 1)),
+            last_event: TaskEvent::state(
+                TaskId::new("cut").unwrap(),
+                1,
+                node.clone(),
+                TaskState::Running,
+            ),
+        };
+        let mut late_assignment = assignment("late", 1);
+        late_assignment.deadline_unix_ms = Some(NOW - 1);
+        let late = JournaledAttempt {
+            assignment: Some(late_assignment),
+            last_event: TaskEvent::state(
+                TaskId::new("late").unwrap(),
+                1,
+                node,
+                TaskState::Accepted,
+            ),
+        };
+        // Restored long after the assignments expired: a restart re-runs
+        // what it accepted, whatever the validity window says now.
+        let actions = s.restore(vec![done, cut, late], NOW + 3_600_000);
+        assert_eq!(actions.len(), 2, "{actions:?}");
+        assert!(matches!(&actions[0], Action::Start { assignment, .. }
+            if assignment.task_id.as_str() == "cut"));
+        let timed_out = emitted_event(&actions[1]);
+        assert_eq!(timed_out.task_id.as_str(), "late");
+        assert_eq!(timed_out.reason, Some(FailureReason::Timeout));
 
         // A redelivery after the restart re-publishes instead of running.
         let topic = s.subscriptions()[0].0.clone();
         let again = s
-            .on_publish(
-                &topic,
-                &starling_proto::encode(&assignment("done", 1)).unwrap(),
-            )
+            .on_publish(&topic, &encoded(&assignment("done", 1)), NOW)
             .unwrap();
-        assert_eq!(again.len(), 1);
         assert_eq!(published_event(&again[0]).state, TaskState::Succeeded);
-    }
-
-    #[test]
-    fn accepted_and_final_events_go_to_the_journal() {
-        let mut s = session();
-        let topic = s.subscriptions()[0].0.clone();
-        s.on_publish(
-            &topic,
-            &starling_proto::encode(&assignment("j", 1)).unwrap(),
-        )
-        .unwrap();
-        let node = s.node_id().clone();
-        let task = TaskId::new("j").unwrap();
-        s.on_task_event(TaskEvent::state(
-            task.clone(),
-            1,
-            node.clone(),
-            TaskState::Running,
-        ))
-        .unwrap();
-        s.on_task_event(TaskEvent::state(task, 1, node, TaskState::Succeeded))
+        let again = s
+            .on_publish(&topic, &encoded(&assignment("cut", 1)), NOW)
             .unwrap();
-        let states: Vec<TaskState> = s.take_journal_entries().iter().map(|e| e.state).collect();
-        assert_eq!(states, [TaskState::Accepted, TaskState::Succeeded]);
-        assert!(s.take_journal_entries().is_empty());
+        assert_eq!(published_event(&again[0]).state, TaskState::Running);
+
+        // Pruned attempts are forgotten.
+        s.forget(&[(TaskId::new("done").unwrap(), 1)]);
+        assert!(!s.knows(&TaskId::new("done").unwrap(), 1));
     }
 
     #[test]
@@ -607,12 +788,11 @@ mod tests {
         let mut s = session();
         let mut a = assignment("gpu", 1);
         a.runtime = Runtime::Opencl;
+        sign(&mut a);
         let topic = s.subscriptions()[0].0.clone();
-        let actions = s
-            .on_publish(&topic, &starling_proto::encode(&a).unwrap())
-            .unwrap();
+        let actions = s.on_publish(&topic, &encoded(&a), NOW).unwrap();
         assert_eq!(actions.len(), 1);
-        let event = published_event(&actions[0]);
+        let event = emitted_event(&actions[0]);
         assert_eq!(event.reason, Some(FailureReason::UnsupportedRuntime));
         assert!(event.message.unwrap().contains("it runs: wasm"));
 
@@ -620,15 +800,9 @@ mod tests {
         s.set_runtimes(&[Runtime::Wasm, Runtime::Opencl]);
         let mut a = assignment("gpu", 2);
         a.runtime = Runtime::Opencl;
-        let actions = s
-            .on_publish(&topic, &starling_proto::encode(&a).unwrap())
-            .unwrap();
-        assert!(
-            actions
-                .iter()
-                .any(|action| matches!(action, Action::Start { .. })),
-            "{actions:?}"
-        );
+        sign(&mut a);
+        let actions = s.on_publish(&topic, &encoded(&a), NOW).unwrap();
+        assert!(matches!(actions[0], Action::Accept { .. }), "{actions:?}");
     }
 
     #[test]

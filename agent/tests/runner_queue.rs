@@ -11,29 +11,23 @@ use starling_agent::artifact::{sha256, ArtifactStore};
 use starling_agent::runner::Runner;
 use starling_agent::telemetry::TaskCounts;
 use starling_agent::wasm::WasmExecutor;
-use starling_proto::{
-    Assignment, ExecLimits, FailureReason, NodeId, Runtime, TaskId, TaskState, PROTOCOL_VERSION,
-};
+use starling_proto::{Assignment, ExecLimits, FailureReason, NodeId, TaskState};
 use support::HttpServer;
 use tokio::sync::mpsc;
 
 fn spin_assignment(task: &str, url: &str, digest: starling_proto::Digest) -> Assignment {
-    Assignment {
-        v: PROTOCOL_VERSION,
-        task_id: TaskId::new(task).unwrap(),
-        attempt: 1,
-        runtime: Runtime::Wasm,
-        artifact: digest,
-        artifact_url: heapless::String::try_from(url).unwrap(),
-        args: heapless::Vec::new(),
-        input: Vec::new(),
-        limits: ExecLimits {
+    // The runner trusts the session to have verified it; no signature needed.
+    support::unsigned_assignment(
+        "queue-node",
+        task,
+        digest,
+        url,
+        b"",
+        ExecLimits {
             wall_ms: 60_000,
             ..ExecLimits::default()
         },
-        power_level: 0,
-        deadline_unix_ms: None,
-    }
+    )
 }
 
 async fn wait_for_counts(runner: &Runner, expected: TaskCounts) {

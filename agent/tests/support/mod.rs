@@ -1,6 +1,7 @@
 //! Test helpers: a real Mosquitto on an ephemeral port (the workspace's shared
-//! harness, `starling-tests`), and a tiny HTTP server that serves modules from
-//! memory and counts requests.
+//! harness, `starling-tests`), a tiny HTTP server that serves modules from
+//! memory and counts requests, and signed assignments as a coordinator makes
+//! them.
 #![allow(dead_code, unused_imports, clippy::unwrap_used, clippy::expect_used)]
 
 use std::collections::HashMap;
@@ -12,6 +13,85 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
 
 pub use starling_tests::Mosquitto;
+
+use ed25519_dalek::{Signer, SigningKey};
+use starling_proto::{
+    Assignment, Digest, ExecLimits, Grants, NodeId, Runtime, TaskId, PROTOCOL_VERSION,
+};
+
+/// The coordinator key of the tests (a fixed seed: nothing secret here).
+pub fn coordinator_key() -> SigningKey {
+    SigningKey::from_bytes(&[42; 32])
+}
+
+/// Its public half, as `AgentConfig::coordinator_key` takes it.
+pub fn coordinator_public_key() -> [u8; 32] {
+    coordinator_key().verifying_key().to_bytes()
+}
+
+/// Signs an assignment as the coordinator does: over `signed_bytes()`.
+pub fn sign(mut assignment: Assignment, key: &SigningKey) -> Assignment {
+    assignment.signature = key
+        .sign(&assignment.signed_bytes().unwrap())
+        .to_bytes()
+        .to_vec();
+    assignment
+}
+
+/// Now, in Unix milliseconds.
+pub fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64
+}
+
+/// An unsigned wasm assignment (attempt 1) for `node`, valid for a minute
+/// from now; sign it with [`sign`].
+pub fn unsigned_assignment(
+    node: &str,
+    task: &str,
+    digest: Digest,
+    url: &str,
+    input: &[u8],
+    limits: ExecLimits,
+) -> Assignment {
+    let now = now_ms();
+    Assignment {
+        v: PROTOCOL_VERSION,
+        node_id: NodeId::new(node).unwrap(),
+        task_id: TaskId::new(task).unwrap(),
+        attempt: 1,
+        runtime: Runtime::Wasm,
+        artifact: digest,
+        artifact_url: heapless::String::try_from(url).unwrap(),
+        args: heapless::Vec::new(),
+        input: input.to_vec(),
+        limits,
+        power_level: 1,
+        deadline_unix_ms: None,
+        grants: Grants::default(),
+        publisher: None,
+        issued_unix_ms: now,
+        expires_unix_ms: now + 60_000,
+        signature: Vec::new(),
+    }
+}
+
+/// [`unsigned_assignment`] signed with the test coordinator key.
+pub fn signed_assignment(
+    node: &str,
+    task: &str,
+    digest: Digest,
+    url: &str,
+    input: &[u8],
+    limits: ExecLimits,
+) -> Assignment {
+    sign(
+        unsigned_assignment(node, task, digest, url, input, limits),
+        &coordinator_key(),
+    )
+}
 
 /// Serves fixed bodies by path; anything else is a 404.
 pub struct HttpServer {
@@ -103,3 +183,21 @@ pub const ECHO_WAT: &str = r#"
 /// Spins forever.
 pub const LOOP_WAT: &str =
     r#"(module (memory (export "memory") 1) (func (export "_start") (loop $l (br $l))))"#;
+
+/// Counts to 2^31 in a loop (a couple of seconds of CPU), then writes "done".
+/// Long enough to kill or disturb an agent while it runs, short enough to
+/// finish in a test.
+pub const COUNT_WAT: &str = r#"
+(module
+  (import "wasi_snapshot_preview1" "fd_write" (func $fd_write (param i32 i32 i32 i32) (result i32)))
+  (memory (export "memory") 1)
+  (data (i32.const 100) "done")
+  (func (export "_start")
+    (local $i i32)
+    (loop $again
+      (local.set $i (i32.add (local.get $i) (i32.const 1)))
+      (br_if $again (i32.lt_u (local.get $i) (i32.const 0x80000000))))
+    (i32.store (i32.const 0) (i32.const 100))
+    (i32.store (i32.const 4) (i32.const 4))
+    (drop (call $fd_write (i32.const 1) (i32.const 0) (i32.const 1) (i32.const 8)))))
+"#;

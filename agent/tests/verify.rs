@@ -1,0 +1,118 @@
+//! The assignment checks: only a current assignment for this node, signed by
+//! the pinned coordinator key, passes; each refusal names its check.
+#![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
+
+mod support;
+
+use ed25519_dalek::SigningKey;
+use starling_agent::verify::{AssignmentVerifier, Refusal};
+use starling_proto::{Assignment, Digest, ExecLimits, NodeId};
+
+const NODE: &str = "verified-node";
+
+fn verifier() -> AssignmentVerifier {
+    AssignmentVerifier::new(
+        NodeId::new(NODE).unwrap(),
+        Some(support::coordinator_key().verifying_key()),
+    )
+}
+
+fn unsigned(node: &str) -> Assignment {
+    support::unsigned_assignment(
+        node,
+        "t",
+        Digest([9; 32]),
+        "http://127.0.0.1:1/a",
+        b"input",
+        ExecLimits::default(),
+    )
+}
+
+fn signed(assignment: Assignment) -> Assignment {
+    support::sign(assignment, &support::coordinator_key())
+}
+
+fn refusal_text(result: Result<(), Refusal>) -> String {
+    result.unwrap_err().to_string()
+}
+
+#[test]
+fn a_current_assignment_signed_for_this_node_passes() {
+    let now = support::now_ms();
+    verifier().check(&signed(unsigned(NODE)), now).unwrap();
+    // Within the clock skew on either side of the window.
+    verifier()
+        .check(&signed(unsigned(NODE)), now - 30_000)
+        .unwrap();
+}
+
+#[test]
+fn wrong_node_expired_future_forged_and_unsigned_are_refused() {
+    let now = support::now_ms();
+    let v = verifier();
+
+    let elsewhere = signed(unsigned("another-node"));
+    assert!(matches!(
+        v.check(&elsewhere, now),
+        Err(Refusal::WrongNode { .. })
+    ));
+    assert!(refusal_text(v.check(&elsewhere, now)).starts_with("wrong node"));
+
+    // A replay after the window: the same bytes, later.
+    let current = signed(unsigned(NODE));
+    let text = refusal_text(v.check(&current, current.expires_unix_ms + 1));
+    assert!(text.starts_with("expired"), "{text}");
+
+    let mut future = unsigned(NODE);
+    future.issued_unix_ms = now + 120_000;
+    future.expires_unix_ms = now + 180_000;
+    let text = refusal_text(v.check(&signed(future), now));
+    assert!(text.starts_with("not yet valid"), "{text}");
+
+    // Any field changed after signing (here the input) breaks the signature.
+    let mut tampered = signed(unsigned(NODE));
+    tampered.input = b"other input".to_vec();
+    let text = refusal_text(v.check(&tampered, now));
+    assert!(text.starts_with("bad signature"), "{text}");
+
+    // A valid signature by another key is a forgery too.
+    let forged = support::sign(unsigned(NODE), &SigningKey::from_bytes(&[1; 32]));
+    assert!(matches!(
+        v.check(&forged, now),
+        Err(Refusal::BadSignature { .. })
+    ));
+
+    // A widened window cannot be signed in afterwards.
+    let mut widened = signed(unsigned(NODE));
+    widened.expires_unix_ms += 3_600_000;
+    assert!(matches!(
+        v.check(&widened, widened.expires_unix_ms - 1),
+        Err(Refusal::BadSignature { .. })
+    ));
+
+    let mut short = signed(unsigned(NODE));
+    short.signature.truncate(10);
+    assert!(matches!(
+        v.check(&short, now),
+        Err(Refusal::BadSignature { .. })
+    ));
+
+    let text = refusal_text(v.check(&unsigned(NODE), now));
+    assert!(text.starts_with("unsigned"), "{text}");
+}
+
+#[test]
+fn without_a_key_everything_is_unverifiable_unless_unsigned_is_allowed() {
+    let now = support::now_ms();
+    let mut v = AssignmentVerifier::new(NodeId::new(NODE).unwrap(), None);
+    let text = refusal_text(v.check(&signed(unsigned(NODE)), now));
+    assert!(text.starts_with("unverifiable"), "{text}");
+
+    v.allow_unsigned = true;
+    v.check(&unsigned(NODE), now).unwrap();
+    // The node is still checked.
+    assert!(matches!(
+        v.check(&unsigned("another-node"), now),
+        Err(Refusal::WrongNode { .. })
+    ));
+}
