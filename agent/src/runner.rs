@@ -205,6 +205,18 @@ impl Runner {
         if cancel.load(Ordering::SeqCst) {
             return self.state_event(assignment, TaskState::Cancelled);
         }
+        // The node's grant policy is checked before anything is fetched, so a
+        // refused task costs no download and never reports running.
+        if assignment.runtime == Runtime::Wasm {
+            if let Err(error) = self.executor.check_grants(&assignment.grants) {
+                return self.failed_event(
+                    assignment,
+                    error.failure_reason(),
+                    &error.to_string(),
+                    None,
+                );
+            }
+        }
         let url = assignment.artifact_url.as_str();
         let fetched = match self.artifacts.get(&assignment.artifact, url).await {
             Ok(fetched) => fetched,
@@ -252,6 +264,7 @@ impl Runner {
         let input = assignment.input.clone();
         let args: Vec<String> = assignment.args.iter().map(|a| a.to_string()).collect();
         let run_cancel = Arc::clone(cancel);
+        let assignment_grants = assignment.grants;
         let run_module = module.clone();
         let started = Instant::now();
         let execution = tokio::task::spawn_blocking(move || {
@@ -263,6 +276,7 @@ impl Runner {
                     args: &args,
                     limits: &limits,
                     cancel: Some(run_cancel),
+                    grants: assignment_grants,
                 },
             )
         });
