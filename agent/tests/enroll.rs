@@ -526,8 +526,7 @@ async fn mqtts_needs_the_right_ca_and_client_certificates_where_required() {
         Ok(options) => {
             let error = connect(options)
                 .await
-                .err()
-                .expect("no connection without the CA");
+                .expect_err("no connection without the CA");
             assert!(
                 error.contains("Tls") || error.contains("certificate"),
                 "{error}"
@@ -543,8 +542,7 @@ async fn mqtts_needs_the_right_ca_and_client_certificates_where_required() {
 
     let error = connect(tls_options("no-client-cert", mutual_port, &with_ca).unwrap())
         .await
-        .err()
-        .expect("a broker requiring certificates refuses a client without one");
+        .expect_err("a broker requiring certificates refuses a client without one");
     assert!(!error.is_empty());
     connect(tls_options("client-cert", mutual_port, &with_client_cert).unwrap())
         .await
