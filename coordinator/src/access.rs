@@ -457,7 +457,12 @@ pub(crate) async fn mint_credentials(
             crate::task::unix_now_ms(),
         )
         .await?;
-    refresh(&shared.store, &shared.mqtt_access, shared.mosquitto.as_ref()).await?;
+    refresh(
+        &shared.store,
+        &shared.mqtt_access,
+        shared.mosquitto.as_ref(),
+    )
+    .await?;
     Ok(NodeCredentials {
         node_id: node_id.to_string(),
         mqtt_username: node_id.to_string(),

@@ -71,12 +71,12 @@ fn api_token_record(row: ApiTokenRow) -> Result<ApiTokenRecord, StoreError> {
     Ok(ApiTokenRecord {
         id,
         name,
-        role: role.parse().map_err(|error: crate::access::UnknownRole| {
-            StoreError::Corrupt {
+        role: role
+            .parse()
+            .map_err(|error: crate::access::UnknownRole| StoreError::Corrupt {
                 column: "api_tokens.role",
                 detail: error.to_string(),
-            }
-        })?,
+            })?,
         created_ms: from_db(created_ms),
         revoked_ms: revoked_ms.map(from_db),
     })
@@ -112,8 +112,7 @@ impl Store {
     ) -> Result<Option<(ApiTokenRecord, String)>, StoreError> {
         let sql = "SELECT id, name, role, created_ms, revoked_ms, token_sha256 FROM api_tokens \
                    WHERE token_sha256 = $1 AND revoked_ms IS NULL";
-        let row: Option<(String, String, String, i64, Option<i64>, String)> =
-            with_pool!(self, pool => sqlx::query_as(sql).bind(token_sha256).fetch_optional(pool).await)?;
+        let row: Option<(String, String, String, i64, Option<i64>, String)> = with_pool!(self, pool => sqlx::query_as(sql).bind(token_sha256).fetch_optional(pool).await)?;
         row.map(|(id, name, role, created, revoked, hash)| {
             Ok((api_token_record((id, name, role, created, revoked))?, hash))
         })
@@ -122,7 +121,8 @@ impl Store {
 
     /// Every API token, oldest first.
     pub async fn api_tokens(&self) -> Result<Vec<ApiTokenRecord>, StoreError> {
-        let sql = "SELECT id, name, role, created_ms, revoked_ms FROM api_tokens ORDER BY created_ms, id";
+        let sql =
+            "SELECT id, name, role, created_ms, revoked_ms FROM api_tokens ORDER BY created_ms, id";
         let rows: Vec<ApiTokenRow> =
             with_pool!(self, pool => sqlx::query_as(sql).fetch_all(pool).await)?;
         rows.into_iter().map(api_token_record).collect()
@@ -171,7 +171,8 @@ impl Store {
         // The spend comes first: it is the write that takes SQLite's lock.
         let spend = "UPDATE join_tokens SET uses_left = uses_left - 1 \
                      WHERE token_sha256 = $1 AND uses_left > 0 AND expires_ms > $2";
-        let enrolled = "SELECT node_id FROM node_credentials WHERE node_id = $1 AND revoked_ms IS NULL";
+        let enrolled =
+            "SELECT node_id FROM node_credentials WHERE node_id = $1 AND revoked_ms IS NULL";
         let outcome = with_pool!(self, pool => {
             let mut tx = pool.begin().await?;
             let spent = sqlx::query(spend)
@@ -231,7 +232,8 @@ impl Store {
         node_id: &str,
         now_ms: u64,
     ) -> Result<bool, StoreError> {
-        let sql = "UPDATE node_credentials SET revoked_ms = $2 WHERE node_id = $1 AND revoked_ms IS NULL";
+        let sql =
+            "UPDATE node_credentials SET revoked_ms = $2 WHERE node_id = $1 AND revoked_ms IS NULL";
         let done = with_pool!(self, pool => sqlx::query(sql).bind(node_id).bind(to_db(now_ms)).execute(pool).await.map(|done| done.rows_affected()))?;
         Ok(done == 1)
     }

@@ -445,25 +445,81 @@ const ROUTES: &[(Method, &str, RouteAccess)] = &[
     (Method::GET, "/api/v1/identity", RouteAccess::Public),
     (Method::POST, "/api/v1/enroll", RouteAccess::Public),
     (Method::GET, "/api/v1/openapi.json", RouteAccess::Public),
-    (Method::GET, "/api/v1/artifacts/{digest}", RouteAccess::Public),
-    (Method::GET, "/api/v1/nodes", RouteAccess::Role(Role::Viewer)),
-    (Method::GET, "/api/v1/nodes/{id}", RouteAccess::Role(Role::Viewer)),
-    (Method::GET, "/api/v1/tasks", RouteAccess::Role(Role::Viewer)),
-    (Method::GET, "/api/v1/tasks/{id}", RouteAccess::Role(Role::Viewer)),
+    (
+        Method::GET,
+        "/api/v1/artifacts/{digest}",
+        RouteAccess::Public,
+    ),
+    (
+        Method::GET,
+        "/api/v1/nodes",
+        RouteAccess::Role(Role::Viewer),
+    ),
+    (
+        Method::GET,
+        "/api/v1/nodes/{id}",
+        RouteAccess::Role(Role::Viewer),
+    ),
+    (
+        Method::GET,
+        "/api/v1/tasks",
+        RouteAccess::Role(Role::Viewer),
+    ),
+    (
+        Method::GET,
+        "/api/v1/tasks/{id}",
+        RouteAccess::Role(Role::Viewer),
+    ),
     (Method::GET, "/metrics", RouteAccess::Role(Role::Viewer)),
-    (Method::POST, "/api/v1/artifacts", RouteAccess::Role(Role::Developer)),
-    (Method::POST, "/api/v1/tasks", RouteAccess::Role(Role::Developer)),
-    (Method::POST, "/api/v1/tasks/{id}/cancel", RouteAccess::Role(Role::Developer)),
-    (Method::POST, "/api/v1/join-tokens", RouteAccess::Role(Role::Operator)),
-    (Method::POST, "/api/v1/nodes/{id}/revoke", RouteAccess::Role(Role::Operator)),
-    (Method::GET, "/api/v1/api-tokens", RouteAccess::Role(Role::Admin)),
-    (Method::POST, "/api/v1/api-tokens", RouteAccess::Role(Role::Admin)),
-    (Method::POST, "/api/v1/api-tokens/{id}/revoke", RouteAccess::Role(Role::Admin)),
+    (
+        Method::POST,
+        "/api/v1/artifacts",
+        RouteAccess::Role(Role::Developer),
+    ),
+    (
+        Method::POST,
+        "/api/v1/tasks",
+        RouteAccess::Role(Role::Developer),
+    ),
+    (
+        Method::POST,
+        "/api/v1/tasks/{id}/cancel",
+        RouteAccess::Role(Role::Developer),
+    ),
+    (
+        Method::POST,
+        "/api/v1/join-tokens",
+        RouteAccess::Role(Role::Operator),
+    ),
+    (
+        Method::POST,
+        "/api/v1/nodes/{id}/revoke",
+        RouteAccess::Role(Role::Operator),
+    ),
+    (
+        Method::GET,
+        "/api/v1/api-tokens",
+        RouteAccess::Role(Role::Admin),
+    ),
+    (
+        Method::POST,
+        "/api/v1/api-tokens",
+        RouteAccess::Role(Role::Admin),
+    ),
+    (
+        Method::POST,
+        "/api/v1/api-tokens/{id}/revoke",
+        RouteAccess::Role(Role::Admin),
+    ),
 ];
 
 /// The access `method` on the route template `path` needs (HEAD as GET).
 fn required_access(method: &Method, path: &str) -> RouteAccess {
-    let method = if method == Method::HEAD { &Method::GET } else { method };
+    let method = if method == Method::HEAD {
+        &Method::GET
+    } else {
+        method
+    };
     ROUTES
         .iter()
         .find(|(m, p, _)| m == method && *p == path)
@@ -488,7 +544,10 @@ async fn caller_role(
     // Hashes of equal length are compared, so the time taken says nothing
     // about how close a guess was, nor how long the real token is.
     let given_hash = access::sha256_hex(given);
-    if access::constant_time_eq(given_hash.as_bytes(), access::sha256_hex(bootstrap).as_bytes()) {
+    if access::constant_time_eq(
+        given_hash.as_bytes(),
+        access::sha256_hex(bootstrap).as_bytes(),
+    ) {
         return Ok(Some(Role::Admin));
     }
     Ok(shared
@@ -502,16 +561,16 @@ async fn caller_role(
 /// Checks every request's bearer token against the role its route needs,
 /// before the body is read: a refused request changes nothing. Without a
 /// bootstrap token (`--api-token`) nothing is enforced; `start` warns.
-async fn authorize(
-    State(shared): State<Arc<Shared>>,
-    request: Request,
-    next: Next,
-) -> Response {
+async fn authorize(State(shared): State<Arc<Shared>>, request: Request, next: Next) -> Response {
     let Some(bootstrap) = shared.api_token.as_deref() else {
         return next.run(request).await;
     };
     // No matched route: the fallback answers 404 and touches nothing.
-    let Some(route) = request.extensions().get::<MatchedPath>().map(|p| p.as_str().to_owned()) else {
+    let Some(route) = request
+        .extensions()
+        .get::<MatchedPath>()
+        .map(|p| p.as_str().to_owned())
+    else {
         return next.run(request).await;
     };
     let needed = match required_access(request.method(), &route) {
@@ -672,8 +731,12 @@ async fn identity(State(shared): State<Arc<Shared>>) -> Json<Identity> {
 
 /// Stores new node credentials and refreshes the broker's view of them.
 pub(crate) async fn refresh_access(shared: &Shared) {
-    if let Err(error) =
-        access::refresh(&shared.store, &shared.mqtt_access, shared.mosquitto.as_ref()).await
+    if let Err(error) = access::refresh(
+        &shared.store,
+        &shared.mqtt_access,
+        shared.mosquitto.as_ref(),
+    )
+    .await
     {
         // The store holds the truth; the next change or restart rewrites the
         // files, so the operator can fix the directory meanwhile.
@@ -772,7 +835,9 @@ async fn create_join_token(
     body: Result<Json<CreateJoinToken>, JsonRejection>,
 ) -> Result<(StatusCode, Json<JoinTokenCreated>), ApiError> {
     let request = json_body(body, "CreateJoinToken")?;
-    let ttl = request.ttl_seconds.unwrap_or(DEFAULT_JOIN_TOKEN_TTL_SECONDS);
+    let ttl = request
+        .ttl_seconds
+        .unwrap_or(DEFAULT_JOIN_TOKEN_TTL_SECONDS);
     if ttl == 0 || ttl > MAX_JOIN_TOKEN_TTL_SECONDS {
         return Err(bad_request(
             "invalid_ttl",
@@ -908,7 +973,9 @@ async fn create_api_token(
         (status = 403, description = "Needs the admin role", body = ApiError)
     )
 )]
-async fn list_api_tokens(State(shared): State<Arc<Shared>>) -> Result<Json<ApiTokenList>, ApiError> {
+async fn list_api_tokens(
+    State(shared): State<Arc<Shared>>,
+) -> Result<Json<ApiTokenList>, ApiError> {
     Ok(Json(ApiTokenList {
         tokens: shared.store.api_tokens().await?,
     }))

@@ -9,8 +9,8 @@
 //! the node in a message's topic and body agree and ignores revoked nodes.
 
 use std::collections::HashMap;
-use std::sync::Arc;
 use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use rumqttd::{Broker, Config, ConnectionSettings, RouterConfig, ServerSettings};

@@ -459,7 +459,11 @@ async fn api_token(cli: &Cli, client: &Client, action: &ApiTokenAction) -> Resul
                         token.id,
                         token.role,
                         token.name,
-                        if token.revoked_ms.is_some() { "revoked" } else { "live" }
+                        if token.revoked_ms.is_some() {
+                            "revoked"
+                        } else {
+                            "live"
+                        }
                     );
                 }
             }

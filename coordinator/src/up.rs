@@ -204,17 +204,18 @@ async fn local_agent_credentials(
     running
         .mint_node_credentials(node_id.as_str())
         .await
-        .map_err(|error| UpError::Credentials(format!("cannot mint the local agent's credentials: {error}")))
+        .map_err(|error| {
+            UpError::Credentials(format!(
+                "cannot mint the local agent's credentials: {error}"
+            ))
+        })
 }
 
 fn key_bytes(hex_key: &str) -> Result<[u8; 32], UpError> {
     let bytes = hex::decode(hex_key)
         .map_err(|error| UpError::Credentials(format!("coordinator key: {error}")))?;
     <[u8; 32]>::try_from(bytes.as_slice()).map_err(|_| {
-        UpError::Credentials(format!(
-            "coordinator key is {} bytes, not 32",
-            bytes.len()
-        ))
+        UpError::Credentials(format!("coordinator key is {} bytes, not 32", bytes.len()))
     })
 }
 

@@ -215,6 +215,31 @@ impl Mosquitto {
         }
     }
 
+    /// Starts `mosquitto` on a free port of 127.0.0.1 with `extra` appended to
+    /// its config and no `allow_anonymous` line of its own (Mosquitto 2
+    /// refuses anonymous clients unless `extra` allows them): for tests of
+    /// password files and ACLs.
+    pub fn start_with_config(extra: &str) -> Self {
+        let dir = TempDir::new().unwrap();
+        let port = free_port();
+        let ip = [127, 0, 0, 1];
+        std::fs::write(
+            dir.path().join("mosquitto.conf"),
+            format!(
+                "listener {port} 127.0.0.1\npersistence false\nmax_packet_size 2000000\n{extra}\n"
+            ),
+        )
+        .unwrap();
+        let process = Self::spawn(dir.path(), ip, port);
+        Self {
+            url: format!("mqtt://127.0.0.1:{port}"),
+            port,
+            process,
+            dir,
+            ip,
+        }
+    }
+
     /// Stops the broker and starts a fresh one (it keeps nothing) on the same port.
     pub fn restart(&mut self) {
         self.process.stop();
@@ -704,7 +729,7 @@ impl NetNs {
             vec!["link", "set", "lo", "up"],
         ] {
             let mut full = vec!["netns", "exec", &name, "ip"];
-            full.extend(args.iter().map(|s| s.as_ref()));
+            full.extend(args.iter().copied());
             run_ip(&full).unwrap();
         }
         ns

@@ -18,7 +18,8 @@ struct Args {
 #[derive(Debug, Subcommand)]
 enum Command {
     /// Start the coordinator (embedded MQTT broker and SQLite unless told otherwise).
-    Serve(starling_coordinator::ServeArgs),
+    // Boxed: the settings dwarf the other variant (clippy::large_enum_variant).
+    Serve(Box<starling_coordinator::ServeArgs>),
     /// Simulate an edge fleet and compare every placement policy side by side.
     Sim(starling_coordinator::simulate::SimArgs),
 }
