@@ -223,6 +223,7 @@ async fn journal_counts(data_dir: &std::path::Path) -> (usize, usize) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn agent_serves_assignments_over_mosquitto() {
+    support::logs();
     let broker = Mosquitto::start();
     let http = HttpServer::start().await;
     let echo = wat::parse_str(support::ECHO_WAT).unwrap();
@@ -495,6 +496,7 @@ async fn unreachable_broker_is_a_clear_start_error() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn events_are_sent_again_until_acknowledged_and_a_full_journal_refuses_work() {
+    support::logs();
     let broker = Mosquitto::start();
     let http = HttpServer::start().await;
     let echo = wat::parse_str(support::ECHO_WAT).unwrap();
@@ -605,6 +607,7 @@ async fn events_are_sent_again_until_acknowledged_and_a_full_journal_refuses_wor
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_killed_agent_reruns_the_interrupted_attempt_exactly_once() {
+    support::logs();
     let broker = Mosquitto::start();
     let http = HttpServer::start().await;
     let count = wat::parse_str(support::COUNT_WAT).unwrap();
@@ -712,6 +715,7 @@ async fn a_killed_agent_reruns_the_interrupted_attempt_exactly_once() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_result_finished_while_the_broker_restarts_still_arrives() {
+    support::logs();
     let mut broker = Mosquitto::start();
     let http = HttpServer::start().await;
     let count = wat::parse_str(support::COUNT_WAT).unwrap();

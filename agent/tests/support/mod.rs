@@ -19,6 +19,18 @@ use starling_proto::{
     Assignment, Digest, ExecLimits, Grants, NodeId, Runtime, TaskId, PROTOCOL_VERSION,
 };
 
+/// Sends the agent's logs to the test's captured output (shown when a test
+/// fails, or with `--nocapture`).
+pub fn logs() {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .with_test_writer()
+        .try_init();
+}
+
 /// The coordinator key of the tests (a fixed seed: nothing secret here).
 pub fn coordinator_key() -> SigningKey {
     SigningKey::from_bytes(&[42; 32])
@@ -184,7 +196,7 @@ pub const ECHO_WAT: &str = r#"
 pub const LOOP_WAT: &str =
     r#"(module (memory (export "memory") 1) (func (export "_start") (loop $l (br $l))))"#;
 
-/// Counts to 2^31 in a loop (a couple of seconds of CPU), then writes "done".
+/// Counts to 2^32 - 1 in a loop (about 3 s of CPU), then writes "done".
 /// Long enough to kill or disturb an agent while it runs, short enough to
 /// finish in a test.
 pub const COUNT_WAT: &str = r#"
@@ -196,7 +208,7 @@ pub const COUNT_WAT: &str = r#"
     (local $i i32)
     (loop $again
       (local.set $i (i32.add (local.get $i) (i32.const 1)))
-      (br_if $again (i32.lt_u (local.get $i) (i32.const 0x80000000))))
+      (br_if $again (i32.lt_u (local.get $i) (i32.const -1))))
     (i32.store (i32.const 0) (i32.const 100))
     (i32.store (i32.const 4) (i32.const 4))
     (drop (call $fd_write (i32.const 1) (i32.const 0) (i32.const 1) (i32.const 8)))))
