@@ -172,3 +172,74 @@ fn a_grant_the_policy_forbids_is_refused_before_running() {
     assert!(executor.check_grants(&NONE).is_ok());
     assert_eq!(run(&executor, NONE).unwrap().wall_ns, 0);
 }
+
+// ------------------------------------------------------------- end to end
+
+/// Prints `1` when the wall clock it reads is not the Unix epoch, else `0`.
+const CLOCK_IS_REAL: &str = r#"
+(module
+  (import "wasi_snapshot_preview1" "clock_time_get"
+    (func $clock (param i32 i64 i32) (result i32)))
+  (import "wasi_snapshot_preview1" "fd_write"
+    (func $write (param i32 i32 i32 i32) (result i32)))
+  (memory (export "memory") 1)
+  (func (export "_start")
+    (drop (call $clock (i32.const 0) (i64.const 1) (i32.const 0)))
+    (i32.store8 (i32.const 100)
+      (select (i32.const 49) (i32.const 48) (i64.ne (i64.load (i32.const 0)) (i64.const 0))))
+    (i32.store (i32.const 64) (i32.const 100))
+    (i32.store (i32.const 68) (i32.const 1))
+    (drop (call $write (i32.const 1) (i32.const 64) (i32.const 1) (i32.const 72)))))
+"#;
+
+/// Runs the clock module through `starling run` with a manifest asking for
+/// the clock, on a coordinator whose one agent has `agent_flags`.
+fn run_with_clock_grant(agent_flags: &[&str]) -> serde_json::Value {
+    use starling_tests::{wasm_file, Agent, Coordinator, Store};
+    let coordinator = Coordinator::start(None, Store::Sqlite, &[]);
+    let _agent = Agent::start_with(
+        &coordinator,
+        &coordinator.mqtt,
+        "grants-node",
+        "",
+        None,
+        agent_flags,
+    );
+    coordinator.wait_for_nodes(1, Duration::from_secs(30));
+    let dir = tempfile::tempdir().unwrap();
+    let module = wasm_file(dir.path(), "clock", CLOCK_IS_REAL);
+    std::fs::write(
+        dir.path().join("clock.toml"),
+        "name = \"clock\"\n[grants]\nclock = true\n",
+    )
+    .unwrap();
+    let out = coordinator.cli(&["run", module.to_str().unwrap(), "--wait", "--json"], None);
+    let task: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|_| {
+        panic!(
+            "starling run: {}\n{}",
+            String::from_utf8_lossy(&out.stderr),
+            coordinator.process.log()
+        )
+    });
+    assert_eq!(task["limits"]["grants"]["clock"], true, "{task:#}");
+    task
+}
+
+#[test]
+fn a_manifest_grant_reaches_the_module_only_where_the_node_allows_it() {
+    let allowed = run_with_clock_grant(&["--allow-grant", "clock"]);
+    assert_eq!(allowed["state"], "succeeded", "{allowed:#}");
+    assert_eq!(allowed["output_text"], "1", "{allowed:#}");
+
+    let refused = run_with_clock_grant(&[]);
+    assert_eq!(refused["state"], "failed", "{refused:#}");
+    assert_eq!(refused["reason"], "unsupported_runtime", "{refused:#}");
+    let message = refused["message"].as_str().unwrap_or_default();
+    assert!(message.contains("--allow-grant clock"), "{refused:#}");
+    // Refused before it ran: the attempt never reported running.
+    let events = refused["events"].as_array().cloned().unwrap_or_default();
+    assert!(
+        events.iter().all(|event| event["state"] != "running"),
+        "{refused:#}"
+    );
+}
