@@ -135,6 +135,9 @@ pub(crate) async fn run_mqtt_loop(
         };
         match polled {
             Ok(Event::Incoming(Packet::ConnAck(_))) => {
+                shared
+                    .broker_up_since_ms
+                    .store(unix_now_ms(), std::sync::atomic::Ordering::Relaxed);
                 tracing::info!("connected to the MQTT broker again; subscribing");
                 subscribe(&shared);
             }
@@ -152,6 +155,9 @@ pub(crate) async fn run_mqtt_loop(
                 if *stop.borrow() {
                     break;
                 }
+                shared
+                    .broker_up_since_ms
+                    .store(0, std::sync::atomic::Ordering::Relaxed);
                 tracing::warn!(%error, "MQTT connection error; retrying in 1 s");
                 tokio::select! {
                     _ = tokio::time::sleep(Duration::from_secs(1)) => {}
@@ -369,6 +375,10 @@ async fn handle_event(
                     cancel_stale(shared, &event);
                 }
             }
+        }
+        EventOutcome::NotAssigned => {
+            // Acknowledged all the same, so the sender stops repeating it.
+            tracing::warn!(task = %event.task_id, attempt = event.attempt, node = %event.node_id, state = ?event.state, "event from a node that was never assigned this attempt; not recorded");
         }
         EventOutcome::Stale { status } => {
             tracing::info!(task = %event.task_id, attempt = event.attempt, node = %event.node_id, state = ?event.state, now = %status, "event of a stale attempt kept as history");

@@ -139,6 +139,10 @@ pub(crate) struct Shared {
     /// The external Mosquitto's password file and ACL, when configured.
     pub(crate) mosquitto: Option<access::MosquittoFiles>,
     pub(crate) wake_scheduler: Notify,
+    /// Since when (Unix ms) the coordinator's own broker connection is up; 0
+    /// while it is down. Silence heard through a dead connection says nothing
+    /// about the nodes, so failure detection waits for it (see `liveness`).
+    pub(crate) broker_up_since_ms: std::sync::atomic::AtomicU64,
     pub(crate) counters: Counters,
 }
 
@@ -450,6 +454,7 @@ pub async fn start(config: CoordinatorConfig) -> Result<Running, StartError> {
         mqtt_access,
         mosquitto,
         wake_scheduler: Notify::new(),
+        broker_up_since_ms: std::sync::atomic::AtomicU64::new(task::unix_now_ms()),
         counters: Counters::default(),
     });
     let (stop, stop_rx) = watch::channel(false);

@@ -10,6 +10,10 @@
 //! reports), and a task can be placed in the instant its node goes offline.
 //! Such a node gets `node_timeout` from when the loop first noticed it,
 //! the start time after a restart, to come online before its tasks are requeued.
+//!
+//! While the coordinator's own broker connection is down every node looks
+//! silent; nothing is suspected then, and silence counts again from the
+//! reconnection (so a broker restart does not requeue the whole cluster).
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -54,7 +58,18 @@ impl Liveness {
     /// (or absent) for longer than the node timeout.
     pub(crate) async fn check(&mut self, shared: &Shared, now_ms: u64) -> Result<(), StoreError> {
         let timeout_ms = shared.node_timeout_ms;
-        let silent = shared.registry_mut().suspect_silent(now_ms, timeout_ms);
+        let listening_since = shared
+            .broker_up_since_ms
+            .load(std::sync::atomic::Ordering::Relaxed);
+        if listening_since == 0 {
+            // Cut off from the broker ourselves: every node looks silent, and
+            // none of it is the nodes' doing. Start counting again once back.
+            self.absent_since.clear();
+            return Ok(());
+        }
+        let silent = shared
+            .registry_mut()
+            .suspect_silent(now_ms, timeout_ms, listening_since);
         let mut requeue: Vec<String> = Vec::new();
         for id in silent {
             Counters::increment(&shared.counters.nodes_suspected);
@@ -76,7 +91,8 @@ impl Liveness {
                 self.absent_since.remove(&node);
                 continue;
             }
-            let since = *self.absent_since.entry(node.clone()).or_insert(now_ms);
+            let noticed = *self.absent_since.entry(node.clone()).or_insert(now_ms);
+            let since = noticed.max(listening_since);
             if now_ms.saturating_sub(since) >= timeout_ms && !requeue.contains(&node) {
                 tracing::warn!(node = %node, timeout_ms, "node with work in flight did not come online within the node timeout");
                 requeue.push(node);

@@ -200,11 +200,18 @@ impl Registry {
     /// Marks offline every online node not heard from for `timeout_ms` (as
     /// if its last will had arrived) and returns them: agents report telemetry
     /// every second, and a broker that lost its session state may never
-    /// deliver a last will.
-    pub fn suspect_silent(&mut self, now_ms: u64, timeout_ms: u64) -> Vec<NodeId> {
+    /// deliver a last will. Silence counts from `listening_since_ms` at the
+    /// earliest (when the observer's own connection came up).
+    pub fn suspect_silent(
+        &mut self,
+        now_ms: u64,
+        timeout_ms: u64,
+        listening_since_ms: u64,
+    ) -> Vec<NodeId> {
         let mut suspected = Vec::new();
         for (id, entry) in &mut self.nodes {
-            if entry.online() && now_ms.saturating_sub(entry.last_seen_ms) >= timeout_ms {
+            let heard = entry.last_seen_ms.max(listening_since_ms);
+            if entry.online() && now_ms.saturating_sub(heard) >= timeout_ms {
                 entry.state = Some(NodeState::Offline);
                 entry.silent = true;
                 suspected.push(id.clone());
@@ -402,11 +409,22 @@ pub(crate) mod tests {
         registry
             .apply_status(&id, status("quiet", NodeState::Online), 1)
             .unwrap();
-        assert_eq!(registry.suspect_silent(4_999, 5_000), Vec::<NodeId>::new());
-        assert_eq!(registry.suspect_silent(5_001, 5_000), vec![id.clone()]);
+        assert_eq!(
+            registry.suspect_silent(4_999, 5_000, 0),
+            Vec::<NodeId>::new()
+        );
+        // Not while the observer itself has only just been listening.
+        assert_eq!(
+            registry.suspect_silent(5_001, 5_000, 3_000),
+            Vec::<NodeId>::new()
+        );
+        assert_eq!(registry.suspect_silent(5_001, 5_000, 0), vec![id.clone()]);
         assert!(!registry.get(&id).unwrap().online());
         assert_eq!(registry.get(&id).unwrap().last_seen_ms, 1);
-        assert_eq!(registry.suspect_silent(9_000, 5_000), Vec::<NodeId>::new());
+        assert_eq!(
+            registry.suspect_silent(9_000, 5_000, 0),
+            Vec::<NodeId>::new()
+        );
         assert_eq!(
             registry.apply_telemetry(&id, telemetry("quiet", 2, 9_000), 9_000),
             Ok(RegistryChange::NodeOnline(id.clone()))

@@ -212,6 +212,10 @@ pub enum EventOutcome {
         /// The task's state, which the event did not change.
         status: TaskStatus,
     },
+    /// The sender was never assigned this attempt (another node's attempt, or
+    /// one never made): nothing recorded, so such an event cannot take the
+    /// place of the real node's event in the history or the task.
+    NotAssigned,
     /// The same task, attempt and state was recorded before: nothing changed.
     Duplicate,
     /// No task has this id: nothing changed.
@@ -766,9 +770,11 @@ impl Store {
     /// events table's key and change nothing. Any event other than `rejected`
     /// from the assigned node acknowledges the attempt's assignment (its
     /// outbox row goes). A `rejected` event is history only: a forged
-    /// assignment must not be able to change a real task. An event for an
-    /// attempt other than the current one, or from another node, is kept as
-    /// history ([`EventOutcome::Stale`]) and does not change the task, with one
+    /// assignment must not be able to change a real task. An event from a
+    /// node that was never assigned the attempt is not recorded at all
+    /// ([`EventOutcome::NotAssigned`]). An event for an attempt of the node's
+    /// that is no longer the current one is kept as history
+    /// ([`EventOutcome::Stale`]) and does not change the task, with one
     /// exception: a `succeeded` or `failed` of the task's latest attempt from
     /// the node that ran it while the task waits in the queue (the node was
     /// suspected, came back, and nothing else ran the task yet) is accepted,
@@ -817,6 +823,15 @@ impl Store {
                 tx.rollback().await?;
                 return Ok(EventOutcome::UnknownTask);
             }
+            let assigned_to: Option<(String,)> = sqlx::query_as(attempt_node)
+                .bind(task_id)
+                .bind(i64::from(event.attempt))
+                .fetch_optional(&mut *tx)
+                .await?;
+            if assigned_to.is_none_or(|(assigned,)| assigned != node) {
+                tx.rollback().await?;
+                return Ok(EventOutcome::NotAssigned);
+            }
             let inserted = sqlx::query(insert)
                 .bind(task_id)
                 .bind(i64::from(event.attempt))
@@ -858,19 +873,11 @@ impl Store {
             let next = if current_attempt {
                 next_status(&task, event, max_attempts)
             } else {
-                let late_result = task.status == TaskStatus::Pending
+                // The sender ran this attempt (checked above); it is the
+                // latest one and nothing replaced it yet.
+                let ran_it = task.status == TaskStatus::Pending
                     && task.attempt == event.attempt
                     && matches!(event.state, TaskState::Succeeded | TaskState::Failed);
-                let ran_it = if late_result {
-                    let ran: Option<(String,)> = sqlx::query_as(attempt_node)
-                        .bind(task_id)
-                        .bind(i64::from(event.attempt))
-                        .fetch_optional(&mut *tx)
-                        .await?;
-                    ran.is_some_and(|(ran,)| ran == node)
-                } else {
-                    false
-                };
                 // Judged as if the attempt were still running; a late
                 // `agent_busy` would only put it back where it already is.
                 let as_running = TaskRecord { status: TaskStatus::Running, ..task.clone() };

@@ -35,6 +35,7 @@ fn new_task(id: &str, artifact: Digest) -> NewTask {
             wall_ms: 2_000,
             memory_bytes: 16 << 20,
             output_bytes: 4096,
+            ..TaskLimits::default()
         },
         work_seconds: 0.1,
         priority: 1,
@@ -135,7 +136,8 @@ async fn outbox_follows_the_attempt(store: &Store) {
             .unwrap(),
         EventOutcome::Duplicate
     );
-    // Another node's word acknowledges nothing.
+    // Another node's word acknowledges nothing and is not even recorded, so
+    // it cannot stand in for the assigned node's event.
     assert_eq!(
         store
             .record_event(
@@ -145,10 +147,9 @@ async fn outbox_follows_the_attempt(store: &Store) {
             )
             .await
             .unwrap(),
-        EventOutcome::Stale {
-            status: TaskStatus::Assigned
-        }
+        EventOutcome::NotAssigned
     );
+    assert_eq!(store.events("o-1").await.unwrap().len(), 1);
     assert!(store.outbox_entry("o-1", 1).await.unwrap().is_some());
     // The assigned node's first event does.
     assert_eq!(
@@ -184,7 +185,10 @@ async fn outbox_follows_the_attempt(store: &Store) {
         .unwrap();
     assert_eq!(store.outbox_entry("o-4", 1).await.unwrap(), None);
     assert!(store.due_outbox(u64::MAX / 2, 10).await.unwrap().is_empty());
-    assert_eq!(store.in_flight_nodes().await.unwrap(), vec!["node-a"]);
+    // o-3 still waits for node-c to confirm its cancel.
+    let mut in_flight = store.in_flight_nodes().await.unwrap();
+    in_flight.sort();
+    assert_eq!(in_flight, ["node-a", "node-c"]);
 }
 
 /// A late result of a suspected node's attempt completes the task when
@@ -230,9 +234,7 @@ async fn late_results(store: &Store) {
             .record_event(&success("l-1", 1, "node-z", b"no"), 1_260, MAX_ATTEMPTS)
             .await
             .unwrap(),
-        EventOutcome::Stale {
-            status: TaskStatus::Pending
-        }
+        EventOutcome::NotAssigned
     );
     assert_eq!(
         store
