@@ -10,7 +10,6 @@ use std::collections::BTreeMap;
 use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use serde_json::Value;
 use starling_tests::{modules, Agent, Coordinator, Mosquitto, NetNs, Store};
 
 fn serial() -> MutexGuard<'static, ()> {
