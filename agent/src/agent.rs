@@ -385,11 +385,28 @@ fn verifier(
             tracing::warn!("no coordinator key: every assignment will be refused as unverifiable; enroll this node or pass --coordinator-key");
         }
     }
+    let trusted_publishers = config
+        .trusted_publishers
+        .iter()
+        .map(|bytes| {
+            ed25519_dalek::VerifyingKey::from_bytes(bytes).map_err(|_| ConfigError::PublisherKey {
+                key: hex::encode(bytes),
+                detail: "the bytes are not an ed25519 public key".to_owned(),
+            })
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    if !trusted_publishers.is_empty() {
+        tracing::info!(
+            publishers = trusted_publishers.len(),
+            "only artifacts signed by a trusted publisher will run"
+        );
+    }
     Ok(AssignmentVerifier {
         key,
         node_id: node_id.clone(),
         skew: DEFAULT_CLOCK_SKEW,
         allow_unsigned: config.allow_unsigned,
+        trusted_publishers,
     })
 }
 

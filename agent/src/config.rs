@@ -76,6 +76,9 @@ pub struct AgentConfig {
     /// What wasm tasks may be granted on this node; a task asking for more is
     /// refused before it runs. Nothing by default: the operator opts in.
     pub allowed_grants: Grants,
+    /// Publisher keys (ed25519) this node trusts. When any is set, a task runs
+    /// only if its artifact carries a valid signature by one of them.
+    pub trusted_publishers: Vec<[u8; 32]>,
 }
 
 /// PEM files for an `mqtts://` broker connection.
@@ -118,6 +121,7 @@ impl Default for AgentConfig {
             mqtt_password: None,
             mqtt_tls: MqttTlsFiles::default(),
             allowed_grants: Grants::default(),
+            trusted_publishers: Vec::new(),
         }
     }
 }
@@ -206,6 +210,14 @@ pub enum ConfigError {
         /// What was wrong.
         detail: String,
     },
+    /// A trusted publisher key is not 32 bytes of hex.
+    #[error("invalid publisher key {key:?}: {detail}; give the publisher's ed25519 public key as 64 hex digits (starling keygen prints it)")]
+    PublisherKey {
+        /// The key as given.
+        key: String,
+        /// What was wrong.
+        detail: String,
+    },
 }
 
 /// One source of settings (flags and env, or a file); `None` means "not set here".
@@ -263,6 +275,8 @@ pub struct ConfigLayer {
     pub mqtt_client_key: Option<PathBuf>,
     /// See [`AgentConfig::allowed_grants`].
     pub allowed_grants: Option<Grants>,
+    /// See [`AgentConfig::trusted_publishers`].
+    pub trusted_publishers: Option<Vec<[u8; 32]>>,
 }
 
 /// The TOML file's shape. Every key is optional; unknown keys are refused so a
@@ -296,6 +310,7 @@ struct FileConfig {
     mqtt_client_cert: Option<PathBuf>,
     mqtt_client_key: Option<PathBuf>,
     allow_grants: Option<Vec<String>>,
+    trusted_publishers: Option<Vec<String>>,
 }
 
 impl ConfigLayer {
@@ -391,6 +406,10 @@ impl ConfigLayer {
                 .allow_grants
                 .map(|names| parse_grants(&names.join(",")))
                 .transpose()?,
+            trusted_publishers: file
+                .trusted_publishers
+                .map(|keys| parse_publisher_keys(&keys.join(",")))
+                .transpose()?,
         })
     }
 }
@@ -439,6 +458,8 @@ impl AgentConfig {
                 client_key: first(layers, |l| &l.mqtt_client_key),
             },
             allowed_grants: first(layers, |l| &l.allowed_grants).unwrap_or(defaults.allowed_grants),
+            trusted_publishers: first(layers, |l| &l.trusted_publishers)
+                .unwrap_or(defaults.trusted_publishers),
         };
         config.validate()?;
         Ok(config)
@@ -593,6 +614,23 @@ pub fn parse_coordinator_key(text: &str) -> Result<[u8; 32], ConfigError> {
     })
 }
 
+/// Parses a comma-separated list of publisher public keys (64 hex digits each).
+pub fn parse_publisher_keys(text: &str) -> Result<Vec<[u8; 32]>, ConfigError> {
+    text.split(',')
+        .map(str::trim)
+        .filter(|key| !key.is_empty())
+        .map(|key| {
+            parse_coordinator_key(key).map_err(|error| ConfigError::PublisherKey {
+                key: key.to_owned(),
+                detail: match error {
+                    ConfigError::CoordinatorKey { detail } => detail,
+                    other => other.to_string(),
+                },
+            })
+        })
+        .collect()
+}
+
 /// Parses `k=v,k=v` labels.
 pub fn parse_labels(text: &str) -> Result<Vec<Label>, ConfigError> {
     let labels = text
@@ -704,6 +742,16 @@ impl BrokerAddress {
             port,
             tls,
         })
+    }
+
+    /// The address as a URL (`mqtt://` or `mqtts://`), for messages and logs.
+    pub fn url(&self) -> String {
+        let scheme = if self.tls { "mqtts" } else { "mqtt" };
+        if self.host.contains(':') {
+            format!("{scheme}://[{}]:{}", self.host, self.port)
+        } else {
+            format!("{scheme}://{}:{}", self.host, self.port)
+        }
     }
 }
 

@@ -5,7 +5,9 @@ use std::path::PathBuf;
 
 use anyhow::Context;
 use clap::{Args, Parser, Subcommand};
-use starling_agent::config::{parse_coordinator_key, parse_duration, parse_grants, parse_labels};
+use starling_agent::config::{
+    parse_coordinator_key, parse_duration, parse_grants, parse_labels, parse_publisher_keys,
+};
 use starling_agent::{AgentConfig, ConfigLayer};
 
 const AFTER_HELP: &str = "\
@@ -140,6 +142,15 @@ struct Settings {
         value_name = "GRANT,..."
     )]
     allow_grants: Option<String>,
+    /// Run only artifacts signed by one of these publisher keys (64 hex digits each, from
+    /// `starling keygen`) [default: any artifact the coordinator signs for].
+    #[arg(
+        long = "trusted-publisher",
+        env = "STARLING_TRUSTED_PUBLISHERS",
+        value_name = "HEX,...",
+        value_delimiter = ','
+    )]
+    trusted_publishers: Vec<String>,
     /// The coordinator's ed25519 public key, 64 hex digits [default: the one pinned at enrollment].
     #[arg(long, env = "STARLING_COORDINATOR_KEY", value_name = "HEX")]
     coordinator_key: Option<String>,
@@ -209,6 +220,14 @@ impl Settings {
                 .transpose()
                 .context("in --coordinator-key / STARLING_COORDINATOR_KEY")?,
             allow_unsigned: self.allow_unsigned,
+            trusted_publishers: if self.trusted_publishers.is_empty() {
+                None
+            } else {
+                Some(
+                    parse_publisher_keys(&self.trusted_publishers.join(","))
+                        .context("in --trusted-publisher / STARLING_TRUSTED_PUBLISHERS")?,
+                )
+            },
             journal_max_entries: self.journal_max_entries,
             journal_max_attempts: self.journal_max_attempts,
             event_resend_interval: self

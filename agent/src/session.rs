@@ -309,6 +309,17 @@ impl Session {
             return Ok(vec![Action::Publish(self.event_message(&event)?)]);
         }
         if let Err(refusal) = self.verifier.check(&assignment, now_ms) {
+            if refusal.is_policy() {
+                tracing::warn!(task = %key.0, attempt = key.1, %refusal, "assignment refused by this node's policy");
+                let event = TaskEvent::failed(
+                    key.0,
+                    key.1,
+                    self.node_id.clone(),
+                    FailureReason::PolicyRefused,
+                    &format!("refused: {refusal}"),
+                );
+                return Ok(vec![self.record_event(event)]);
+            }
             tracing::warn!(task = %key.0, attempt = key.1, %refusal, "assignment refused");
             let mut event =
                 TaskEvent::state(key.0, key.1, self.node_id.clone(), TaskState::Rejected);

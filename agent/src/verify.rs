@@ -4,12 +4,14 @@
 //! `rejected` event and runs nothing.
 //!
 //! The checks go from cheapest to dearest (node, signature present, window,
-//! then the ed25519 verification), so a flood of junk costs little.
+//! then the ed25519 verification), so a flood of junk costs little. Then the
+//! artifact's publisher: a signature it carries must verify over the digest,
+//! and a node that trusts publishers runs only what one of them signed.
 
 use std::time::Duration;
 
 use ed25519_dalek::{Signature, VerifyingKey};
-use starling_proto::{Assignment, NodeId};
+use starling_proto::{Assignment, Digest, NodeId, PublisherSignature};
 
 /// How far the coordinator's clock may be ahead of the agent's.
 pub const DEFAULT_CLOCK_SKEW: Duration = Duration::from_secs(60);
@@ -57,6 +59,68 @@ pub enum Refusal {
         /// What was wrong.
         detail: String,
     },
+    /// The node requires a publisher signature and the artifact has none.
+    #[error("unsigned artifact: this node runs only artifacts signed by a publisher it trusts, and {digest} carries no signature (starling sign)")]
+    UnsignedArtifact {
+        /// The artifact's digest.
+        digest: String,
+    },
+    /// The artifact's publisher signature does not verify over its digest.
+    #[error("bad publisher signature: {detail}")]
+    BadPublisherSignature {
+        /// What was wrong.
+        detail: String,
+    },
+    /// Signed by a publisher this node does not trust.
+    #[error("untrusted publisher: {key} is not among this node's trusted publishers")]
+    UntrustedPublisher {
+        /// The publisher's key, hex.
+        key: String,
+    },
+}
+
+impl Refusal {
+    /// Whether this is the node's policy refusing an authentic assignment
+    /// (the publisher checks run only once the coordinator's signature
+    /// verified), rather than a forged, stale or misdirected one. The task
+    /// then fails with `policy_refused` instead of waiting to be sent again.
+    pub fn is_policy(&self) -> bool {
+        matches!(
+            self,
+            Refusal::UnsignedArtifact { .. }
+                | Refusal::BadPublisherSignature { .. }
+                | Refusal::UntrustedPublisher { .. }
+        )
+    }
+}
+
+/// Checks a publisher's signature over an artifact digest; returns the
+/// publisher's key. The coordinator checks a signature with this before it
+/// stores it, the agent before it runs the artifact.
+pub fn verify_publisher(
+    publisher: &PublisherSignature,
+    digest: &Digest,
+) -> Result<VerifyingKey, String> {
+    let key: [u8; 32] = publisher.key.as_slice().try_into().map_err(|_| {
+        format!(
+            "the key is {} bytes where an ed25519 key has 32",
+            publisher.key.len()
+        )
+    })?;
+    let key = VerifyingKey::from_bytes(&key).map_err(|_| "the key is not an ed25519 public key")?;
+    let signature = Signature::from_slice(&publisher.signature).map_err(|_| {
+        format!(
+            "{} bytes where an ed25519 signature has 64",
+            publisher.signature.len()
+        )
+    })?;
+    key.verify_strict(&digest.0, &signature).map_err(|_| {
+        format!(
+            "it does not verify over {digest} with key {}",
+            hex::encode(key.as_bytes())
+        )
+    })?;
+    Ok(key)
 }
 
 /// The checks an agent applies to every new assignment.
@@ -72,6 +136,9 @@ pub struct AssignmentVerifier {
     /// cannot be checked. Only the node is checked then; the window means
     /// nothing without a signature binding it.
     pub allow_unsigned: bool,
+    /// Publishers whose signed artifacts run here; empty: any artifact the
+    /// coordinator assigns (a signature it carries is still checked).
+    pub trusted_publishers: Vec<VerifyingKey>,
 }
 
 impl AssignmentVerifier {
@@ -82,6 +149,7 @@ impl AssignmentVerifier {
             node_id,
             skew: DEFAULT_CLOCK_SKEW,
             allow_unsigned: false,
+            trusted_publishers: Vec::new(),
         }
     }
 
@@ -131,6 +199,29 @@ impl AssignmentVerifier {
         key.verify_strict(&signed, &signature)
             .map_err(|_| Refusal::BadSignature {
                 detail: "it does not verify against the pinned coordinator key".to_owned(),
+            })?;
+        self.check_publisher(assignment)
+    }
+
+    /// The publisher checks, after the coordinator's signature (which covers
+    /// the publisher field, so nobody can strip or swap it in transit).
+    fn check_publisher(&self, assignment: &Assignment) -> Result<(), Refusal> {
+        let publisher = match &assignment.publisher {
+            Some(publisher) => verify_publisher(publisher, &assignment.artifact)
+                .map_err(|detail| Refusal::BadPublisherSignature { detail })?,
+            None if self.trusted_publishers.is_empty() => return Ok(()),
+            None => {
+                return Err(Refusal::UnsignedArtifact {
+                    digest: assignment.artifact.to_hex(),
+                })
+            }
+        };
+        if self.trusted_publishers.is_empty() || self.trusted_publishers.contains(&publisher) {
+            Ok(())
+        } else {
+            Err(Refusal::UntrustedPublisher {
+                key: hex::encode(publisher.as_bytes()),
             })
+        }
     }
 }

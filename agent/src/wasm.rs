@@ -130,7 +130,7 @@ impl ExecError {
             }
             // The wire has no policy code; "this node cannot run it" is the
             // closest, and the message names the grant and the flag.
-            ExecError::GrantRefused { .. } => FailureReason::UnsupportedRuntime,
+            ExecError::GrantRefused { .. } => FailureReason::PolicyRefused,
             ExecError::Timeout { .. } => FailureReason::Timeout,
             ExecError::MemoryLimit { .. } => FailureReason::MemoryLimit,
             ExecError::OutputLimit { .. } => FailureReason::OutputLimit,

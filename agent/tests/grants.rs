@@ -147,7 +147,7 @@ fn a_grant_the_policy_forbids_is_refused_before_running() {
         "{error}"
     );
     assert!(error.to_string().contains("--allow-grant clock"), "{error}");
-    assert_eq!(error.failure_reason(), FailureReason::UnsupportedRuntime);
+    assert_eq!(error.failure_reason(), FailureReason::PolicyRefused);
 
     let clock_only = WasmExecutor::with_policy(Grants {
         clock: true,
@@ -233,7 +233,7 @@ fn a_manifest_grant_reaches_the_module_only_where_the_node_allows_it() {
 
     let refused = run_with_clock_grant(&[]);
     assert_eq!(refused["state"], "failed", "{refused:#}");
-    assert_eq!(refused["reason"], "unsupported_runtime", "{refused:#}");
+    assert_eq!(refused["reason"], "policy_refused", "{refused:#}");
     let message = refused["message"].as_str().unwrap_or_default();
     assert!(message.contains("--allow-grant clock"), "{refused:#}");
     // Refused before it ran: the attempt never reported running.

@@ -116,3 +116,52 @@ fn without_a_key_everything_is_unverifiable_unless_unsigned_is_allowed() {
         Err(Refusal::WrongNode { .. })
     ));
 }
+
+fn publisher_signature(key: &SigningKey, digest: &Digest) -> starling_proto::PublisherSignature {
+    use ed25519_dalek::Signer as _;
+    starling_proto::PublisherSignature {
+        key: key.verifying_key().as_bytes().to_vec(),
+        signature: key.sign(&digest.0).to_bytes().to_vec(),
+    }
+}
+
+#[test]
+fn a_node_that_trusts_publishers_runs_only_their_signed_artifacts() {
+    let now = support::now_ms();
+    let publisher = SigningKey::from_bytes(&[7; 32]);
+    let stranger = SigningKey::from_bytes(&[8; 32]);
+    let digest = Digest([9; 32]);
+    let with_publisher = |key: &SigningKey| {
+        let mut assignment = unsigned(NODE);
+        assignment.publisher = Some(publisher_signature(key, &digest));
+        signed(assignment)
+    };
+
+    // Without a policy: unsigned artifacts run, and a signature that is
+    // there must still be valid.
+    let open = verifier();
+    open.check(&signed(unsigned(NODE)), now).unwrap();
+    open.check(&with_publisher(&stranger), now).unwrap();
+    let mut wrong_digest = unsigned(NODE);
+    wrong_digest.publisher = Some(publisher_signature(&publisher, &Digest([1; 32])));
+    let text = refusal_text(open.check(&signed(wrong_digest), now));
+    assert!(text.starts_with("bad publisher signature"), "{text}");
+
+    // With one trusted publisher: only its signature passes.
+    let strict = AssignmentVerifier {
+        trusted_publishers: vec![publisher.verifying_key()],
+        ..verifier()
+    };
+    strict.check(&with_publisher(&publisher), now).unwrap();
+    let text = refusal_text(strict.check(&signed(unsigned(NODE)), now));
+    assert!(text.starts_with("unsigned artifact"), "{text}");
+    let text = refusal_text(strict.check(&with_publisher(&stranger), now));
+    assert!(text.starts_with("untrusted publisher"), "{text}");
+    assert!(text.contains(&hex::encode(stranger.verifying_key().as_bytes())));
+
+    // Swapping the publisher after the coordinator signed breaks its signature.
+    let mut swapped = with_publisher(&stranger);
+    swapped.publisher = Some(publisher_signature(&publisher, &digest));
+    let text = refusal_text(strict.check(&swapped, now));
+    assert!(text.starts_with("bad signature"), "{text}");
+}

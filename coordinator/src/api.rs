@@ -18,7 +18,9 @@ use serde::{Deserialize, Serialize};
 use sha2::{Digest as _, Sha256};
 use starling_opencl::Package;
 use starling_proto::limits::{ARG_LEN, MAX_ARGS, MAX_INLINE_INPUT_BYTES, MAX_INLINE_OUTPUT_BYTES};
-use starling_proto::{encode, Cancel, Channel, Digest, NodeId, Runtime, TaskId, PROTOCOL_VERSION};
+use starling_proto::{
+    encode, Cancel, Channel, Digest, NodeId, PublisherSignature, Runtime, TaskId, PROTOCOL_VERSION,
+};
 use utoipa::{IntoParams, OpenApi, ToSchema};
 
 use crate::access::{self, NodeCredentials, Role};
@@ -161,6 +163,15 @@ pub struct ArtifactStored {
     pub runtime: String,
     /// Whether these bytes were new to the coordinator.
     pub created: bool,
+}
+
+/// A publisher's signature over an artifact's digest.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct ArtifactSignature {
+    /// The publisher's ed25519 public key, 64 hex digits (`starling keygen` prints it).
+    pub key: String,
+    /// The ed25519 signature of the artifact's 32-byte sha256 digest, 128 hex digits.
+    pub signature: String,
 }
 
 /// A task submission.
@@ -329,6 +340,7 @@ impl utoipa::Modify for BearerToken {
         get_node,
         upload_artifact,
         get_artifact,
+        sign_artifact,
         submit_task,
         list_tasks,
         get_task,
@@ -350,6 +362,7 @@ impl utoipa::Modify for BearerToken {
         NodeList,
         NodeDetail,
         ArtifactStored,
+        ArtifactSignature,
         SubmitTask,
         TaskSummary,
         TaskList,
@@ -395,6 +408,7 @@ pub(crate) fn router(shared: Arc<Shared>) -> Router {
             post(upload_artifact).layer(DefaultBodyLimit::max(artifact_limit)),
         )
         .route("/api/v1/artifacts/{digest}", get(get_artifact))
+        .route("/api/v1/artifacts/{digest}/signature", post(sign_artifact))
         .route("/api/v1/tasks", post(submit_task).get(list_tasks))
         .route("/api/v1/tasks/{id}", get(get_task))
         .route("/api/v1/tasks/{id}/cancel", post(cancel_task))
@@ -474,6 +488,11 @@ const ROUTES: &[(Method, &str, RouteAccess)] = &[
     (
         Method::POST,
         "/api/v1/artifacts",
+        RouteAccess::Role(Role::Developer),
+    ),
+    (
+        Method::POST,
+        "/api/v1/artifacts/{digest}/signature",
         RouteAccess::Role(Role::Developer),
     ),
     (
@@ -1212,6 +1231,66 @@ async fn upload_artifact(
             created,
         }),
     ))
+}
+
+/// Records a publisher's signature over a stored artifact; every later
+/// assignment of the artifact carries it, and nodes that trust the publisher
+/// (`--trusted-publisher`) run only artifacts so signed.
+#[utoipa::path(
+    post,
+    path = "/api/v1/artifacts/{digest}/signature",
+    security((), ("bearer" = [])),
+    params(("digest" = String, Path, description = "sha256 of the artifact, 64 hex digits")),
+    request_body = ArtifactSignature,
+    responses(
+        (status = 200, description = "Recorded (replacing any earlier signature)", body = ArtifactSignature),
+        (status = 400, description = "Not hex, or the signature does not verify over the digest", body = ApiError),
+        (status = 401, description = "Missing or wrong API token", body = ApiError),
+        (status = 403, description = "Role below developer", body = ApiError),
+        (status = 404, description = "No such artifact", body = ApiError)
+    )
+)]
+async fn sign_artifact(
+    State(shared): State<Arc<Shared>>,
+    Path(digest): Path<String>,
+    body: Result<Json<ArtifactSignature>, JsonRejection>,
+) -> Result<Json<ArtifactSignature>, ApiError> {
+    let digest = parse_digest(&digest)?;
+    let body = json_body(body, "ArtifactSignature")?;
+    let decode = |what: &str, text: &str| {
+        hex::decode(text.trim()).map_err(|error| {
+            bad_request(
+                "invalid_signature",
+                format!("the {what} is not hex ({error}); starling sign writes both"),
+            )
+        })
+    };
+    let publisher = PublisherSignature {
+        key: decode("key", &body.key)?,
+        signature: decode("signature", &body.signature)?,
+    };
+    starling_agent::verify::verify_publisher(&publisher, &digest).map_err(|detail| {
+        bad_request(
+            "invalid_signature",
+            format!("the publisher signature is refused: {detail}"),
+        )
+    })?;
+    if !shared
+        .store
+        .set_artifact_publisher(&digest, &publisher)
+        .await?
+    {
+        return Err(ApiError::new(
+            StatusCode::NOT_FOUND,
+            "artifact_not_found",
+            format!("no artifact {digest}; upload it first (starling publish FILE)"),
+        ));
+    }
+    tracing::info!(artifact = %digest, publisher = %hex::encode(&publisher.key), "publisher signature recorded");
+    Ok(Json(ArtifactSignature {
+        key: hex::encode(&publisher.key),
+        signature: hex::encode(&publisher.signature),
+    }))
 }
 
 fn parse_digest(text: &str) -> Result<Digest, ApiError> {

@@ -1,5 +1,5 @@
 //! The MQTT broker side: the embedded rumqttd broker the coordinator starts by
-//! default, and parsing of `mqtt://host:port` URLs for an external broker.
+//! default.
 //!
 //! The embedded broker authenticates every connection against
 //! [`MqttAccess`]: the coordinator's own login and the enrolled, non-revoked
@@ -52,65 +52,9 @@ pub enum StartBrokerError {
     },
 }
 
-/// Why a broker URL was refused.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum BrokerUrlError {
-    /// The URL does not start with `mqtt://` or `tcp://`.
-    #[error("broker URL {0:?} must look like mqtt://HOST:PORT")]
-    Scheme(String),
-    /// The port is not a number.
-    #[error("broker URL {0:?} has an invalid port; use mqtt://HOST:PORT")]
-    Port(String),
-    /// No host.
-    #[error("broker URL {0:?} has no host; use mqtt://HOST:PORT")]
-    Host(String),
-}
-
-/// Where an MQTT broker listens.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct BrokerAddress {
-    /// Host name or IP.
-    pub host: String,
-    /// TCP port.
-    pub port: u16,
-}
-
-impl BrokerAddress {
-    /// Parses `mqtt://host[:port]` (port 1883 by default; `tcp://` also accepted).
-    pub fn parse(url: &str) -> Result<Self, BrokerUrlError> {
-        let rest = url
-            .strip_prefix("mqtt://")
-            .or_else(|| url.strip_prefix("tcp://"))
-            .ok_or_else(|| BrokerUrlError::Scheme(url.to_string()))?;
-        let rest = rest.trim_end_matches('/');
-        let (host, port) = match rest.rsplit_once(':') {
-            // An IPv6 literal without a port ends with `]`.
-            Some((host, port)) if !port.ends_with(']') => (
-                host,
-                port.parse::<u16>()
-                    .map_err(|_| BrokerUrlError::Port(url.to_string()))?,
-            ),
-            _ => (rest, 1883),
-        };
-        let host = host.trim_start_matches('[').trim_end_matches(']');
-        if host.is_empty() {
-            return Err(BrokerUrlError::Host(url.to_string()));
-        }
-        Ok(Self {
-            host: host.to_string(),
-            port,
-        })
-    }
-
-    /// The address as an `mqtt://` URL.
-    pub fn url(&self) -> String {
-        if self.host.contains(':') {
-            format!("mqtt://[{}]:{}", self.host, self.port)
-        } else {
-            format!("mqtt://{}:{}", self.host, self.port)
-        }
-    }
-}
+/// Where an MQTT broker listens: the agent's parser, so both ends accept the
+/// same `mqtt://` and `mqtts://` URLs.
+pub use starling_agent::config::BrokerAddress;
 
 /// Starts rumqttd on `listen` in its own threads and returns the address it
 /// listens on once it accepts TCP connections. Each connection must log in
@@ -204,29 +148,4 @@ pub fn start_embedded_broker(
         addr,
         timeout: BROKER_START_TIMEOUT,
     })
-}
-
-#[cfg(test)]
-#[allow(clippy::unwrap_used, clippy::expect_used)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn broker_urls_parse() {
-        assert_eq!(
-            BrokerAddress::parse("mqtt://127.0.0.1:1884").unwrap(),
-            BrokerAddress {
-                host: "127.0.0.1".into(),
-                port: 1884
-            }
-        );
-        assert_eq!(BrokerAddress::parse("mqtt://broker").unwrap().port, 1883);
-        assert_eq!(
-            BrokerAddress::parse("mqtt://[::1]:1990").unwrap().host,
-            "::1"
-        );
-        assert!(BrokerAddress::parse("http://x:1").is_err());
-        assert!(BrokerAddress::parse("mqtt://x:notaport").is_err());
-        assert!(BrokerAddress::parse("mqtt://:1883").is_err());
-    }
 }

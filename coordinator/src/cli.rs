@@ -37,6 +37,9 @@ Examples:
   starling up                                     coordinator + broker + SQLite + local agent, here
   starling nodes                                  list the nodes the coordinator knows
   starling publish primes.wasm                    upload a module; prints its digest
+  starling keygen --out me.key                    a publisher key; prints the public half
+  starling publish primes.wasm --sign-with me.key upload and sign; nodes with
+                                                  --trusted-publisher KEY run only signed work
   starling run primes.wasm --arg 100000 --wait    upload, submit, wait, print the output
   echo hello | starling run echo.wasm --input - --wait
   starling run 9f86d0…0a08 --deadline 5s          submit an already published module by digest
@@ -132,6 +135,28 @@ pub enum Command {
         /// Manifest for a .cl kernel, instead of looking beside it.
         #[arg(long, value_name = "FILE")]
         manifest: Option<PathBuf>,
+        /// Also sign the artifact with this publisher key (see `starling keygen`).
+        #[arg(long, value_name = "KEY_FILE")]
+        sign_with: Option<PathBuf>,
+    },
+    /// Sign a published artifact with a publisher key, so nodes that trust the key
+    /// (`starling-agent --trusted-publisher`) run it.
+    ///
+    /// The digest is signed here; the secret never leaves this machine. The
+    /// coordinator checks the signature and sends it with every assignment.
+    Sign {
+        /// The artifact's digest (64 hex digits), as `starling publish` printed it.
+        digest: String,
+        /// The publisher key file (`starling keygen`).
+        #[arg(long, value_name = "KEY_FILE")]
+        key: PathBuf,
+    },
+    /// Make a publisher key: writes its secret to a new file (mode 0600) and prints the
+    /// public key that nodes list with `--trusted-publisher`. Works offline.
+    Keygen {
+        /// Where to write the secret; never overwritten.
+        #[arg(long, value_name = "FILE", default_value = "publisher.key")]
+        out: PathBuf,
     },
     /// Submit a task (uploading the module first when given a file).
     Run(RunArgs),
@@ -380,12 +405,60 @@ async fn dispatch(cli: &Cli, client: &Client) -> Result<i32, CliError> {
             Ok(EXIT_OK)
         }
         Command::ApiToken { action } => api_token(cli, client, action).await,
-        Command::Publish { file, manifest } => {
+        Command::Publish {
+            file,
+            manifest,
+            sign_with,
+        } => {
+            // Read the key first: a bad key file fails before anything is uploaded.
+            let key = sign_with.as_deref().map(read_publisher_key).transpose()?;
             let stored = publish(client, file, manifest.as_deref()).await?;
+            let signature = match &key {
+                Some(key) => Some(sign_artifact(client, key, &stored.digest).await?),
+                None => None,
+            };
             if cli.json {
-                print_json(&stored)?;
+                print_json(&serde_json::json!({
+                    "digest": stored.digest,
+                    "size": stored.size,
+                    "runtime": stored.runtime,
+                    "created": stored.created,
+                    "publisher_key": signature.as_ref().map(|s| &s.key),
+                }))?;
             } else {
                 println!("{}", stored.digest);
+                if let Some(signature) = signature {
+                    eprintln!("starling: signed by publisher {}", signature.key);
+                }
+            }
+            Ok(EXIT_OK)
+        }
+        Command::Sign { digest, key } => {
+            let key = read_publisher_key(key)?;
+            let signature = sign_artifact(client, &key, digest).await?;
+            if cli.json {
+                print_json(&signature)?;
+            } else {
+                println!("{digest} signed by publisher {}", signature.key);
+            }
+            Ok(EXIT_OK)
+        }
+        Command::Keygen { out } => {
+            let key = crate::publisher::generate()
+                .and_then(|key| crate::publisher::write(out, &key).map(|()| key))
+                .map_err(|error| CliError::Usage(error.to_string()))?;
+            let public = crate::publisher::public_hex(&key);
+            if cli.json {
+                print_json(&serde_json::json!({
+                    "public_key": public,
+                    "key_file": out,
+                }))?;
+            } else {
+                println!("{public}");
+                eprintln!(
+                    "starling: secret written to {} (keep it private); nodes trust it with: starling-agent run --trusted-publisher {public}",
+                    out.display()
+                );
             }
             Ok(EXIT_OK)
         }
@@ -487,6 +560,23 @@ fn humanize(duration: Duration) -> String {
         s if s % 60 == 0 => format!("{}m", s / 60),
         s => format!("{s}s"),
     }
+}
+
+fn read_publisher_key(path: &Path) -> Result<ed25519_dalek::SigningKey, CliError> {
+    crate::publisher::read(path).map_err(|error| CliError::Usage(error.to_string()))
+}
+
+/// Signs `digest` here and records the signature with the coordinator.
+async fn sign_artifact(
+    client: &Client,
+    key: &ed25519_dalek::SigningKey,
+    digest: &str,
+) -> Result<crate::api::ArtifactSignature, CliError> {
+    let parsed = starling_proto::Digest::parse(digest).map_err(|error| {
+        CliError::Usage(format!("{error}; give the digest starling publish printed"))
+    })?;
+    let signature = crate::publisher::sign(key, &parsed);
+    Ok(client.sign_artifact(digest, &signature).await?)
 }
 
 async fn publish(

@@ -6,9 +6,9 @@ use serde::de::DeserializeOwned;
 
 use crate::access::NodeCredentials;
 use crate::api::{
-    ApiError, ApiTokenCreated, ApiTokenList, ArtifactStored, CreateApiToken, CreateJoinToken,
-    EnrollRequest, Health, Identity, JoinTokenCreated, NodeDetail, NodeList, NodeRevoked,
-    SubmitTask, TaskDetail, TaskList,
+    ApiError, ApiTokenCreated, ApiTokenList, ArtifactSignature, ArtifactStored, CreateApiToken,
+    CreateJoinToken, EnrollRequest, Health, Identity, JoinTokenCreated, NodeDetail, NodeList,
+    NodeRevoked, SubmitTask, TaskDetail, TaskList,
 };
 
 /// Why a call failed.
@@ -216,6 +216,16 @@ impl Client {
     ) -> Result<JoinTokenCreated, ClientError> {
         let url = self.url("/join-tokens");
         self.send(self.http.post(&url).json(request), &url).await
+    }
+
+    /// `POST /artifacts/{digest}/signature`.
+    pub async fn sign_artifact(
+        &self,
+        digest: &str,
+        signature: &ArtifactSignature,
+    ) -> Result<ArtifactSignature, ClientError> {
+        let url = self.url(&format!("/artifacts/{digest}/signature"));
+        self.send(self.http.post(&url).json(signature), &url).await
     }
 
     /// `POST /nodes/{id}/revoke`.

@@ -6,6 +6,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use serde::Deserialize;
+pub use starling_agent::config::MqttTlsFiles;
 
 /// The REST API's default listen address.
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:7878";
@@ -80,6 +81,9 @@ pub struct CoordinatorConfig {
     pub mosquitto_auth_dir: Option<PathBuf>,
     /// Mosquitto's `pid_file`: it gets SIGHUP after each rewrite of the files.
     pub mosquitto_pid_file: Option<PathBuf>,
+    /// PEM files for an `mqtts://` external broker: the CA to trust and, for
+    /// brokers that require one, the coordinator's client certificate.
+    pub mqtt_tls: MqttTlsFiles,
 }
 
 impl Default for CoordinatorConfig {
@@ -106,6 +110,7 @@ impl Default for CoordinatorConfig {
             mqtt_allow_anonymous: false,
             mosquitto_auth_dir: None,
             mosquitto_pid_file: None,
+            mqtt_tls: MqttTlsFiles::default(),
         }
     }
 }
@@ -177,6 +182,12 @@ pub struct FileConfig {
     pub mosquitto_auth_dir: Option<PathBuf>,
     /// `--mosquitto-pid-file`.
     pub mosquitto_pid_file: Option<PathBuf>,
+    /// `--mqtt-ca-file`.
+    pub mqtt_ca_file: Option<PathBuf>,
+    /// `--mqtt-client-cert`.
+    pub mqtt_client_cert: Option<PathBuf>,
+    /// `--mqtt-client-key`.
+    pub mqtt_client_key: Option<PathBuf>,
 }
 
 /// Settings given on the command line or in the environment (clap merges those
@@ -249,6 +260,25 @@ pub struct ServeArgs {
     /// Mosquitto's pid_file: the coordinator sends it SIGHUP to reload the files after each change.
     #[arg(long, env = "STARLING_MOSQUITTO_PID_FILE", value_name = "FILE")]
     pub mosquitto_pid_file: Option<PathBuf>,
+    /// CA certificate (PEM) to trust for an mqtts:// --broker [default: the system's roots].
+    #[arg(long, env = "STARLING_MQTT_CA_FILE", value_name = "FILE")]
+    pub mqtt_ca_file: Option<PathBuf>,
+    /// Client certificate (PEM) for an mqtts:// --broker that requires one; needs --mqtt-client-key.
+    #[arg(
+        long,
+        env = "STARLING_MQTT_CLIENT_CERT",
+        value_name = "FILE",
+        requires = "mqtt_client_key"
+    )]
+    pub mqtt_client_cert: Option<PathBuf>,
+    /// Private key (PEM) of --mqtt-client-cert.
+    #[arg(
+        long,
+        env = "STARLING_MQTT_CLIENT_KEY",
+        value_name = "FILE",
+        requires = "mqtt_client_cert"
+    )]
+    pub mqtt_client_key: Option<PathBuf>,
 }
 
 /// Why the settings could not be assembled.
@@ -400,6 +430,11 @@ impl ServeArgs {
                 || file.mqtt_allow_anonymous.unwrap_or(false),
             mosquitto_auth_dir: self.mosquitto_auth_dir.clone().or(file.mosquitto_auth_dir),
             mosquitto_pid_file: self.mosquitto_pid_file.clone().or(file.mosquitto_pid_file),
+            mqtt_tls: MqttTlsFiles {
+                ca_file: self.mqtt_ca_file.clone().or(file.mqtt_ca_file),
+                client_cert: self.mqtt_client_cert.clone().or(file.mqtt_client_cert),
+                client_key: self.mqtt_client_key.clone().or(file.mqtt_client_key),
+            },
             ..defaults
         })
     }

@@ -26,6 +26,7 @@ pub mod ingest;
 pub mod liveness;
 pub mod manifest;
 pub mod outbox;
+pub mod publisher;
 pub mod registry;
 pub mod scheduler;
 pub mod signing;
@@ -69,7 +70,10 @@ pub enum StartError {
     Broker(#[from] broker::StartBrokerError),
     /// The external broker URL is malformed.
     #[error(transparent)]
-    BrokerUrl(#[from] broker::BrokerUrlError),
+    BrokerUrl(#[from] starling_agent::config::ConfigError),
+    /// The TLS settings for an `mqtts://` broker are unusable.
+    #[error(transparent)]
+    BrokerTls(#[from] starling_agent::tls::TlsError),
     /// The broker did not accept the coordinator's connection.
     #[error("cannot reach the MQTT broker at {url}: {reason}; start it or pass --broker with the right address")]
     BrokerUnreachable {
@@ -301,6 +305,7 @@ fn default_public_url(rest_addr: SocketAddr) -> String {
 /// Connects the coordinator's MQTT client and waits for the broker's ConnAck.
 async fn connect_mqtt(
     address: &BrokerAddress,
+    tls: &config::MqttTlsFiles,
     login: Option<(&str, &str)>,
 ) -> Result<(AsyncClient, EventLoop), StartError> {
     let client_id = format!("starling-coordinator-{}", uuid::Uuid::now_v7().simple());
@@ -309,6 +314,9 @@ async fn connect_mqtt(
         .set_keep_alive(Duration::from_secs(10))
         .set_clean_session(true)
         .set_max_packet_size(MAX_PACKET_BYTES, MAX_PACKET_BYTES);
+    if address.tls {
+        options.set_transport(starling_agent::tls::transport(tls)?);
+    }
     if let Some((username, password)) = login {
         options.set_credentials(username, password);
     }
@@ -411,6 +419,7 @@ pub async fn start(config: CoordinatorConfig) -> Result<Running, StartError> {
                 BrokerAddress {
                     host,
                     port: bound.port(),
+                    tls: false,
                 },
                 true,
             )
@@ -423,7 +432,7 @@ pub async fn start(config: CoordinatorConfig) -> Result<Running, StartError> {
             .as_deref()
             .map(|user| (user, config.mqtt_password.as_deref().unwrap_or(""))),
     };
-    let (mqtt, eventloop) = match connect_mqtt(&address, login).await {
+    let (mqtt, eventloop) = match connect_mqtt(&address, &config.mqtt_tls, login).await {
         Ok(connected) => connected,
         Err(error) => {
             store.close().await;

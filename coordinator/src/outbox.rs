@@ -133,8 +133,12 @@ pub(crate) async fn send(
         return Ok(false);
     }
     let power_level = task.power_level.unwrap_or(0);
+    // Read at each send, so a signature added after submission reaches
+    // the next (re)send.
+    let publisher = shared.store.artifact_publisher(&task.spec.artifact).await?;
     let bytes = match assignment(task, &node, entry.attempt, power_level, &shared.public_url)
         .and_then(|mut assignment| {
+            assignment.publisher = publisher;
             shared
                 .signer
                 .sign(&mut assignment, &node, now_ms)

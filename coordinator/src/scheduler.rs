@@ -273,8 +273,8 @@ pub fn assignment(
         power_level,
         deadline_unix_ms: spec.deadline_unix_ms,
         // What the manifest granted; the node's policy may still refuse it.
-        // No publisher signatures yet.
         grants: spec.limits.grants.into(),
+        // The outbox adds the artifact's publisher signature when it sends.
         publisher: None,
         node_id: node.clone(),
         issued_unix_ms: 0,

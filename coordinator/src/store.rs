@@ -15,7 +15,7 @@ use serde::{Deserialize, Serialize};
 use sqlx::postgres::{PgPool, PgPoolOptions};
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions};
 use sqlx::Connection as _;
-use starling_proto::{Digest, Runtime, TaskEvent, TaskState};
+use starling_proto::{Digest, PublisherSignature, Runtime, TaskEvent, TaskState};
 
 use crate::task::{TaskDemand, TaskKind, TaskLimits, TaskStatus};
 
@@ -575,6 +575,42 @@ impl Store {
             .fetch_optional(pool)
             .await)?;
         Ok(bytes.map(|(bytes,)| bytes))
+    }
+
+    /// Records a publisher's signature over a stored artifact's digest
+    /// (replacing any earlier one); returns false when there is no such
+    /// artifact. The caller has verified the signature.
+    pub async fn set_artifact_publisher(
+        &self,
+        digest: &Digest,
+        publisher: &PublisherSignature,
+    ) -> Result<bool, StoreError> {
+        let sql =
+            "UPDATE artifacts SET publisher_key = $1, publisher_signature = $2 WHERE digest = $3";
+        let updated = with_pool!(self, pool => sqlx::query(sql)
+            .bind(&publisher.key)
+            .bind(&publisher.signature)
+            .bind(digest.to_hex())
+            .execute(pool)
+            .await
+            .map(|done| done.rows_affected()))?;
+        Ok(updated == 1)
+    }
+
+    /// The publisher signature recorded for an artifact, if any.
+    pub async fn artifact_publisher(
+        &self,
+        digest: &Digest,
+    ) -> Result<Option<PublisherSignature>, StoreError> {
+        let sql = "SELECT publisher_key, publisher_signature FROM artifacts WHERE digest = $1";
+        let row: Option<(Option<Vec<u8>>, Option<Vec<u8>>)> = with_pool!(self, pool => sqlx::query_as(sql)
+            .bind(digest.to_hex())
+            .fetch_optional(pool)
+            .await)?;
+        Ok(match row {
+            Some((Some(key), Some(signature))) => Some(PublisherSignature { key, signature }),
+            _ => None,
+        })
     }
 
     /// The size and runtime of an artifact, if stored.

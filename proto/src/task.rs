@@ -189,6 +189,9 @@ pub enum FailureReason {
     ExitCode,
     /// The agent is shutting down or out of capacity.
     AgentBusy,
+    /// The node's policy refuses the task: a grant the node does not allow,
+    /// or an artifact not signed by a publisher the node trusts.
+    PolicyRefused,
     /// Anything else.
     Internal,
 }

@@ -267,3 +267,148 @@ fn rest_calls_without_a_token_or_with_a_low_role_are_refused_and_change_nothing(
     );
     assert_eq!(count(), before, "a refused call changed nothing");
 }
+
+/// POSTs a JSON body to the coordinator with its admin token; the status and
+/// the JSON answer.
+fn post_json(
+    coordinator: &Coordinator,
+    path: &str,
+    body: &serde_json::Value,
+) -> (u16, serde_json::Value) {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    runtime.block_on(async {
+        let response = reqwest::Client::new()
+            .post(format!("{}{path}", coordinator.rest))
+            .bearer_auth(&coordinator.token)
+            .json(body)
+            .send()
+            .await
+            .unwrap();
+        let status = response.status().as_u16();
+        (status, response.json().await.unwrap())
+    })
+}
+
+#[test]
+fn a_node_that_trusts_a_publisher_runs_only_what_it_signed() {
+    let coordinator = Coordinator::start(None, Store::Sqlite, &[]);
+    let dir = tempfile::tempdir().unwrap();
+    let keygen = |name: &str| {
+        let path = dir.path().join(name);
+        let out = coordinator.cli(&["keygen", "--out", path.to_str().unwrap(), "--json"], None);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let made: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        (path, made["public_key"].as_str().unwrap().to_string())
+    };
+    let (trusted_key, trusted_public) = keygen("trusted.key");
+    let (stranger_key, _) = keygen("stranger.key");
+    // A key is never overwritten.
+    let again = coordinator.cli(&["keygen", "--out", trusted_key.to_str().unwrap()], None);
+    assert!(!again.status.success());
+
+    let _agent = Agent::start_with(
+        &coordinator,
+        &coordinator.mqtt,
+        "strict",
+        "",
+        None,
+        &["--trusted-publisher", &trusted_public],
+    );
+    coordinator.wait_for_nodes(1, Duration::from_secs(60));
+    let echo = wasm_file(dir.path(), "echo", modules::ECHO);
+    let out = coordinator.cli(&["publish", echo.to_str().unwrap()], None);
+    assert!(out.status.success());
+    let digest = String::from_utf8_lossy(&out.stdout).trim().to_string();
+
+    let ended = |task: &serde_json::Value| {
+        matches!(
+            task["state"].as_str(),
+            Some("succeeded" | "failed" | "cancelled")
+        )
+    };
+    let run = |input: &str| {
+        let id = coordinator.submit(&digest, input).unwrap();
+        coordinator.wait_task(&id, Duration::from_secs(60), "ended", ended)
+    };
+
+    // Unsigned: refused by the node's policy, and the task says why.
+    let task = run("unsigned");
+    assert_eq!(task["state"], "failed", "{task:#}");
+    assert_eq!(task["reason"], "policy_refused", "{task:#}");
+    assert!(
+        task["message"]
+            .as_str()
+            .unwrap()
+            .contains("unsigned artifact"),
+        "{task:#}"
+    );
+
+    // Signed by a key the node does not trust.
+    let signed = coordinator.cli(
+        &["sign", &digest, "--key", stranger_key.to_str().unwrap()],
+        None,
+    );
+    assert!(
+        signed.status.success(),
+        "{}",
+        String::from_utf8_lossy(&signed.stderr)
+    );
+    let task = run("stranger");
+    assert_eq!(task["reason"], "policy_refused", "{task:#}");
+    assert!(
+        task["message"]
+            .as_str()
+            .unwrap()
+            .contains("untrusted publisher"),
+        "{task:#}"
+    );
+
+    // A signature that does not verify over this digest is refused by the
+    // coordinator and replaces nothing.
+    let other_digest = "ab".repeat(32);
+    let stranger_signature = coordinator.cli(
+        &[
+            "sign",
+            &other_digest,
+            "--key",
+            stranger_key.to_str().unwrap(),
+        ],
+        None,
+    );
+    assert!(!stranger_signature.status.success(), "no such artifact");
+    let forged = serde_json::json!({"key": trusted_public, "signature": "00".repeat(64)});
+    let (status, body) = post_json(
+        &coordinator,
+        &format!("/api/v1/artifacts/{digest}/signature"),
+        &forged,
+    );
+    assert_eq!(status, 400, "{body:#}");
+    assert_eq!(body["error"], "invalid_signature", "{body:#}");
+
+    // Signed by the trusted publisher: it runs.
+    let signed = coordinator.cli(
+        &[
+            "sign",
+            &digest,
+            "--key",
+            trusted_key.to_str().unwrap(),
+            "--json",
+        ],
+        None,
+    );
+    assert!(
+        signed.status.success(),
+        "{}",
+        String::from_utf8_lossy(&signed.stderr)
+    );
+    let task = run("trusted");
+    assert_eq!(task["state"], "succeeded", "{task:#}");
+    assert_eq!(task["output_text"], "echo:trusted");
+}
