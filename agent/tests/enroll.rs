@@ -422,62 +422,6 @@ async fn the_agent_connects_with_its_credentials_and_a_wrong_password_is_refused
 
 // ---------------------------------------------------------------- TLS
 
-struct Pki {
-    ca: PathBuf,
-    server_cert: PathBuf,
-    server_key: PathBuf,
-    client_cert: PathBuf,
-    client_key: PathBuf,
-}
-
-/// A CA, a server certificate for 127.0.0.1 and a client certificate, as PEM files.
-fn pki(dir: &Path) -> Pki {
-    use rcgen::{
-        BasicConstraints, CertificateParams, DnType, IsCa, Issuer, KeyPair, KeyUsagePurpose,
-    };
-    let ca_key = KeyPair::generate().unwrap();
-    let mut ca_params = CertificateParams::new(Vec::<String>::new()).unwrap();
-    ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-    ca_params
-        .distinguished_name
-        .push(DnType::CommonName, "Starling test CA");
-    ca_params.key_usages = vec![
-        KeyUsagePurpose::KeyCertSign,
-        KeyUsagePurpose::CrlSign,
-        KeyUsagePurpose::DigitalSignature,
-    ];
-    let ca_cert = ca_params.self_signed(&ca_key).unwrap();
-    let issuer = Issuer::new(ca_params, ca_key);
-
-    let server_key = KeyPair::generate().unwrap();
-    let mut server_params =
-        CertificateParams::new(vec!["127.0.0.1".to_owned(), "localhost".to_owned()]).unwrap();
-    server_params
-        .distinguished_name
-        .push(DnType::CommonName, "127.0.0.1");
-    let server_cert = server_params.signed_by(&server_key, &issuer).unwrap();
-
-    let client_key = KeyPair::generate().unwrap();
-    let mut client_params = CertificateParams::new(Vec::<String>::new()).unwrap();
-    client_params
-        .distinguished_name
-        .push(DnType::CommonName, "edge-1");
-    let client_cert = client_params.signed_by(&client_key, &issuer).unwrap();
-
-    let write = |name: &str, text: String| {
-        let path = dir.join(name);
-        std::fs::write(&path, text).unwrap();
-        path
-    };
-    Pki {
-        ca: write("ca.pem", ca_cert.pem()),
-        server_cert: write("server.pem", server_cert.pem()),
-        server_key: write("server.key", server_key.serialize_pem()),
-        client_cert: write("client.pem", client_cert.pem()),
-        client_key: write("client.key", client_key.serialize_pem()),
-    }
-}
-
 fn tls_options(id: &str, port: u16, files: &MqttTlsFiles) -> Result<MqttOptions, String> {
     let mut options = MqttOptions::new(id, "127.0.0.1", port);
     let transport = starling_agent::tls::transport(files).map_err(|e| e.to_string())?;
@@ -488,14 +432,9 @@ fn tls_options(id: &str, port: u16, files: &MqttTlsFiles) -> Result<MqttOptions,
 #[tokio::test]
 async fn mqtts_needs_the_right_ca_and_client_certificates_where_required() {
     let broker_dir = TempDir::new().unwrap();
-    let pki = pki(broker_dir.path());
+    let pki = starling_tests::Pki::create(broker_dir.path());
     let (open_port, mutual_port) = (free_port(), free_port());
-    let files = format!(
-        "cafile {}\ncertfile {}\nkeyfile {}\n",
-        pki.ca.display(),
-        pki.server_cert.display(),
-        pki.server_key.display()
-    );
+    let files = pki.mosquitto_listener_files();
     let _broker = Broker::start(
         broker_dir,
         &format!(

@@ -223,6 +223,13 @@ async fn every_endpoint_checks_its_role_and_a_refusal_changes_nothing() {
     let mut upload = call(Method::POST, "/api/v1/artifacts", Role::Developer);
     upload.body = Some(wat::parse_str(r#"(module (func (export "_start") nop))"#).unwrap());
     calls.push(upload);
+    let mut sign = call(
+        Method::POST,
+        &format!("/api/v1/artifacts/{digest}/signature"),
+        Role::Developer,
+    );
+    sign.json = Some(json!({"key": "00".repeat(32), "signature": "00".repeat(64)}));
+    calls.push(sign);
     let mut submit = call(Method::POST, "/api/v1/tasks", Role::Developer);
     submit.json = Some(json!({"artifact": digest}));
     calls.push(submit);

@@ -194,6 +194,18 @@ impl Mosquitto {
     /// Starts `mosquitto` on a free port of one local address (for agents in
     /// a network namespace, the host end of their link).
     pub fn start_on(ip: [u8; 4]) -> Self {
+        Self::start_configured(ip, "allow_anonymous true")
+    }
+
+    /// Starts `mosquitto` on a free port of 127.0.0.1 with `extra` appended to
+    /// its config and no `allow_anonymous` line of its own (Mosquitto 2
+    /// refuses anonymous clients unless `extra` allows them): for tests of
+    /// password files and ACLs.
+    pub fn start_with_config(extra: &str) -> Self {
+        Self::start_configured([127, 0, 0, 1], extra)
+    }
+
+    fn start_configured(ip: [u8; 4], extra: &str) -> Self {
         let dir = TempDir::new().unwrap();
         let port = free_port();
         let [a, b, c, d] = ip;
@@ -201,7 +213,7 @@ impl Mosquitto {
         std::fs::write(
             dir.path().join("mosquitto.conf"),
             format!(
-                "listener {port} {host}\nallow_anonymous true\npersistence false\nmax_packet_size 2000000\n"
+                "listener {port} {host}\npersistence false\nmax_packet_size 2000000\n{extra}\n"
             ),
         )
         .unwrap();
@@ -215,29 +227,15 @@ impl Mosquitto {
         }
     }
 
-    /// Starts `mosquitto` on a free port of 127.0.0.1 with `extra` appended to
-    /// its config and no `allow_anonymous` line of its own (Mosquitto 2
-    /// refuses anonymous clients unless `extra` allows them): for tests of
-    /// password files and ACLs.
-    pub fn start_with_config(extra: &str) -> Self {
-        let dir = TempDir::new().unwrap();
-        let port = free_port();
-        let ip = [127, 0, 0, 1];
-        std::fs::write(
-            dir.path().join("mosquitto.conf"),
-            format!(
-                "listener {port} 127.0.0.1\npersistence false\nmax_packet_size 2000000\n{extra}\n"
-            ),
-        )
-        .unwrap();
-        let process = Self::spawn(dir.path(), ip, port);
-        Self {
-            url: format!("mqtt://127.0.0.1:{port}"),
-            port,
-            process,
-            dir,
-            ip,
-        }
+    /// Starts `mosquitto` on a free port of 127.0.0.1 that speaks only TLS,
+    /// with `pki`'s server certificate; `url` is `mqtts://127.0.0.1:PORT`.
+    pub fn start_tls(pki: &Pki) -> Self {
+        let mut broker = Self::start_with_config(&format!(
+            "allow_anonymous true\n{}",
+            pki.mosquitto_listener_files()
+        ));
+        broker.url = broker.url.replacen("mqtt://", "mqtts://", 1);
+        broker
     }
 
     /// Stops the broker and starts a fresh one (it keeps nothing) on the same port.
@@ -264,6 +262,82 @@ impl Mosquitto {
         let process = Process::spawn("mosquitto", command, dir);
         wait_for_port(SocketAddr::from((ip, port)), Duration::from_secs(10));
         process
+    }
+}
+
+/// A test CA, a server certificate for 127.0.0.1 and localhost signed by
+/// it, and a client certificate, as PEM files.
+pub struct Pki {
+    /// The CA certificate.
+    pub ca: PathBuf,
+    /// The server certificate.
+    pub server_cert: PathBuf,
+    /// The server's private key.
+    pub server_key: PathBuf,
+    /// A client certificate (CN `edge-1`).
+    pub client_cert: PathBuf,
+    /// The client's private key.
+    pub client_key: PathBuf,
+}
+
+impl Pki {
+    /// Generates the certificates and keys into `dir`.
+    pub fn create(dir: &Path) -> Self {
+        use rcgen::{
+            BasicConstraints, CertificateParams, DnType, IsCa, Issuer, KeyPair, KeyUsagePurpose,
+        };
+        let ca_key = KeyPair::generate().unwrap();
+        let mut ca_params = CertificateParams::new(Vec::<String>::new()).unwrap();
+        ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        ca_params
+            .distinguished_name
+            .push(DnType::CommonName, "Starling test CA");
+        ca_params.key_usages = vec![
+            KeyUsagePurpose::KeyCertSign,
+            KeyUsagePurpose::CrlSign,
+            KeyUsagePurpose::DigitalSignature,
+        ];
+        let ca_cert = ca_params.self_signed(&ca_key).unwrap();
+        let issuer = Issuer::new(ca_params, ca_key);
+
+        let server_key = KeyPair::generate().unwrap();
+        let mut server_params =
+            CertificateParams::new(vec!["127.0.0.1".to_owned(), "localhost".to_owned()]).unwrap();
+        server_params
+            .distinguished_name
+            .push(DnType::CommonName, "127.0.0.1");
+        let server_cert = server_params.signed_by(&server_key, &issuer).unwrap();
+
+        let client_key = KeyPair::generate().unwrap();
+        let mut client_params = CertificateParams::new(Vec::<String>::new()).unwrap();
+        client_params
+            .distinguished_name
+            .push(DnType::CommonName, "edge-1");
+        let client_cert = client_params.signed_by(&client_key, &issuer).unwrap();
+
+        let write = |name: &str, text: String| {
+            let path = dir.join(name);
+            std::fs::write(&path, text).unwrap();
+            path
+        };
+        Self {
+            ca: write("ca.pem", ca_cert.pem()),
+            server_cert: write("server.pem", server_cert.pem()),
+            server_key: write("server.key", server_key.serialize_pem()),
+            client_cert: write("client.pem", client_cert.pem()),
+            client_key: write("client.key", client_key.serialize_pem()),
+        }
+    }
+
+    /// The Mosquitto lines that make the listener before them speak TLS with
+    /// these files.
+    pub fn mosquitto_listener_files(&self) -> String {
+        format!(
+            "cafile {}\ncertfile {}\nkeyfile {}\n",
+            self.ca.display(),
+            self.server_cert.display(),
+            self.server_key.display()
+        )
     }
 }
 
@@ -416,15 +490,45 @@ impl Coordinator {
         cli_with_token(&self.rest, Some(&self.token), args, stdin)
     }
 
-    /// A task as `starling task ID --json` shows it.
-    pub fn task(&self, id: &str) -> serde_json::Value {
-        let out = self.cli(&["task", id, "--json"], None);
+    /// Runs the CLI with `--json` appended, asserts it succeeded, and parses
+    /// what it printed.
+    pub fn cli_json(&self, args: &[&str], stdin: Option<&[u8]>) -> serde_json::Value {
+        let mut args = args.to_vec();
+        args.push("--json");
+        let out = self.cli(&args, stdin);
         assert!(
             out.status.success(),
-            "starling task {id}: {}",
+            "starling {}: {}",
+            args.join(" "),
             String::from_utf8_lossy(&out.stderr)
         );
         serde_json::from_slice(&out.stdout).unwrap()
+    }
+
+    /// A task as `starling task ID --json` shows it.
+    pub fn task(&self, id: &str) -> serde_json::Value {
+        self.cli_json(&["task", id], None)
+    }
+
+    /// One REST call as the admin: `body` is sent with `content_type` when
+    /// given; returns the status and the answer's text.
+    pub fn http(&self, method: &str, path: &str, body: Option<(&str, Vec<u8>)>) -> (u16, String) {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        runtime.block_on(async {
+            let method = reqwest::Method::from_bytes(method.as_bytes()).unwrap();
+            let mut request = reqwest::Client::new()
+                .request(method, format!("{}{path}", self.rest))
+                .bearer_auth(&self.token);
+            if let Some((content_type, bytes)) = body {
+                request = request.header("content-type", content_type).body(bytes);
+            }
+            let response = request.send().await.unwrap();
+            let status = response.status().as_u16();
+            (status, response.text().await.unwrap())
+        })
     }
 
     /// Publishes a [`modules::spin`] module and returns its digest.

@@ -40,23 +40,10 @@ fn run_many(coordinator: &Coordinator, dir: &std::path::Path, count: usize) -> V
     let echo = wasm_file(dir, "echo", modules::ECHO);
     let mut nodes = Vec::new();
     for i in 0..count {
-        let out = coordinator.cli(
-            &[
-                "run",
-                echo.to_str().unwrap(),
-                "--input",
-                "-",
-                "--wait",
-                "--json",
-            ],
+        let task = coordinator.cli_json(
+            &["run", echo.to_str().unwrap(), "--input", "-", "--wait"],
             Some(format!("task {i}").as_bytes()),
         );
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        let task: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
         assert_eq!(task["state"], "succeeded", "{task}");
         nodes.push(task["node_id"].as_str().unwrap_or_default().to_string());
     }

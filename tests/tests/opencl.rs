@@ -259,20 +259,10 @@ fn bad_kernels_fail_clearly_and_the_agent_keeps_serving() {
 
 /// POSTs raw bytes to `/api/v1/artifacts`, returning the status and JSON body.
 fn post_artifact(coordinator: &Coordinator, bytes: Vec<u8>) -> (u16, serde_json::Value) {
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    runtime.block_on(async {
-        let response = reqwest::Client::new()
-            .post(format!("{}/api/v1/artifacts", coordinator.rest))
-            .bearer_auth(&coordinator.token)
-            .header("content-type", "application/vnd.starling.opencl+json")
-            .body(bytes)
-            .send()
-            .await
-            .unwrap();
-        let status = response.status().as_u16();
-        (status, response.json().await.unwrap())
-    })
+    let (status, text) = coordinator.http(
+        "POST",
+        "/api/v1/artifacts",
+        Some(("application/vnd.starling.opencl+json", bytes)),
+    );
+    (status, serde_json::from_str(&text).unwrap())
 }

@@ -3,7 +3,8 @@
 //! nothing at the coordinator; the embedded broker refuses clients without
 //! credentials; REST calls without a token, or with too low a role, are
 //! refused and change nothing; a node that trusts a publisher runs only what
-//! that publisher signed.
+//! that publisher signed; coordinator and agents speak MQTT over TLS with the
+//! broker's CA, and not without it.
 #![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
 
 use std::process::{Command, Stdio};
@@ -12,7 +13,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use ed25519_dalek::{Signer, SigningKey};
 use starling_proto::{decode, encode, Assignment, Channel, NodeId, TaskEvent, TaskState, Topics};
 use starling_tests::{
-    cli, cli_with_token, modules, wasm_file, Agent, Coordinator, Mosquitto, Store,
+    binary, cli, cli_with_token, modules, wasm_file, Agent, Coordinator, Mosquitto, Pki, Store,
 };
 
 fn now_ms() -> u64 {
@@ -102,23 +103,10 @@ fn forged_replayed_redirected_and_expired_assignments_are_refused_and_reported()
 
     // An eavesdropper records a genuine assignment on its way to an agent.
     let capture = sniff(broker.port, "starling/v1/nodes/+/assign", 1);
-    let out = coordinator.cli(
-        &[
-            "run",
-            echo.to_str().unwrap(),
-            "--input",
-            "-",
-            "--wait",
-            "--json",
-        ],
+    let task = coordinator.cli_json(
+        &["run", echo.to_str().unwrap(), "--input", "-", "--wait"],
         Some(b"genuine"),
     );
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let task: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(task["output_text"], "echo:genuine");
     let id = task["id"].as_str().unwrap().to_string();
     let (topic, genuine_bytes) = sniffed(capture).pop().unwrap();
@@ -178,7 +166,8 @@ fn forged_replayed_redirected_and_expired_assignments_are_refused_and_reported()
     assert_eq!(after["output_text"], "echo:genuine");
     // The refusals reached the coordinator: counted and logged. They are
     // not task history, since none came from an attempt the node was given.
-    let metrics = get_text(&coordinator, "/metrics");
+    let (status, metrics) = coordinator.http("GET", "/metrics", None);
+    assert_eq!(status, 200, "{metrics}");
     let rejected: f64 = metrics
         .lines()
         .find_map(|line| line.strip_prefix("starling_assignments_rejected_total "))
@@ -273,61 +262,13 @@ fn rest_calls_without_a_token_or_with_a_low_role_are_refused_and_change_nothing(
     assert_eq!(count(), before, "a refused call changed nothing");
 }
 
-/// GETs a text document from the coordinator with its admin token.
-fn get_text(coordinator: &Coordinator, path: &str) -> String {
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    runtime.block_on(async {
-        let response = reqwest::Client::new()
-            .get(format!("{}{path}", coordinator.rest))
-            .bearer_auth(&coordinator.token)
-            .send()
-            .await
-            .unwrap();
-        assert!(response.status().is_success(), "GET {path}: {}", response.status());
-        response.text().await.unwrap()
-    })
-}
-
-/// POSTs a JSON body to the coordinator with its admin token; the status and
-/// the JSON answer.
-fn post_json(
-    coordinator: &Coordinator,
-    path: &str,
-    body: &serde_json::Value,
-) -> (u16, serde_json::Value) {
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    runtime.block_on(async {
-        let response = reqwest::Client::new()
-            .post(format!("{}{path}", coordinator.rest))
-            .bearer_auth(&coordinator.token)
-            .json(body)
-            .send()
-            .await
-            .unwrap();
-        let status = response.status().as_u16();
-        (status, response.json().await.unwrap())
-    })
-}
-
 #[test]
 fn a_node_that_trusts_a_publisher_runs_only_what_it_signed() {
     let coordinator = Coordinator::start(None, Store::Sqlite, &[]);
     let dir = tempfile::tempdir().unwrap();
     let keygen = |name: &str| {
         let path = dir.path().join(name);
-        let out = coordinator.cli(&["keygen", "--out", path.to_str().unwrap(), "--json"], None);
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        let made: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        let made = coordinator.cli_json(&["keygen", "--out", path.to_str().unwrap()], None);
         (path, made["public_key"].as_str().unwrap().to_string())
     };
     let (trusted_key, trusted_public) = keygen("trusted.key");
@@ -407,31 +348,68 @@ fn a_node_that_trusts_a_publisher_runs_only_what_it_signed() {
     );
     assert!(!stranger_signature.status.success(), "no such artifact");
     let forged = serde_json::json!({"key": trusted_public, "signature": "00".repeat(64)});
-    let (status, body) = post_json(
-        &coordinator,
+    let (status, body) = coordinator.http(
+        "POST",
         &format!("/api/v1/artifacts/{digest}/signature"),
-        &forged,
+        Some(("application/json", forged.to_string().into_bytes())),
     );
+    let body: serde_json::Value = serde_json::from_str(&body).unwrap();
     assert_eq!(status, 400, "{body:#}");
     assert_eq!(body["error"], "invalid_signature", "{body:#}");
 
     // Signed by the trusted publisher: it runs.
-    let signed = coordinator.cli(
-        &[
-            "sign",
-            &digest,
-            "--key",
-            trusted_key.to_str().unwrap(),
-            "--json",
-        ],
+    let signed = coordinator.cli_json(
+        &["sign", &digest, "--key", trusted_key.to_str().unwrap()],
         None,
     );
-    assert!(
-        signed.status.success(),
-        "{}",
-        String::from_utf8_lossy(&signed.stderr)
-    );
+    assert_eq!(signed["key"], trusted_public.as_str());
     let task = run("trusted");
     assert_eq!(task["state"], "succeeded", "{task:#}");
     assert_eq!(task["output_text"], "echo:trusted");
+}
+
+#[test]
+fn coordinator_and_agents_speak_mqtt_over_tls_only_with_the_right_ca() {
+    let pki_dir = tempfile::tempdir().unwrap();
+    let pki = Pki::create(pki_dir.path());
+    let broker = Mosquitto::start_tls(&pki);
+    let ca = pki.ca.to_str().unwrap();
+
+    // Without the CA the coordinator does not start, and says why.
+    let data = tempfile::tempdir().unwrap();
+    let refused = Command::new(binary("starling-coordinator"))
+        .args(["serve", "--listen", "127.0.0.1:0", "--broker", &broker.url])
+        .arg("--data-dir")
+        .arg(data.path())
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert!(!refused.status.success(), "{stderr}");
+    assert!(stderr.contains("cannot reach the MQTT broker"), "{stderr}");
+
+    let coordinator = Coordinator::start(Some(&broker.url), Store::Sqlite, &["--mqtt-ca-file", ca]);
+    let _agent = Agent::start_with(
+        &coordinator,
+        &broker.url,
+        "tls-edge",
+        "",
+        None,
+        &["--mqtt-ca-file", ca],
+    );
+    coordinator.wait_for_nodes(1, Duration::from_secs(60));
+    let dir = tempfile::tempdir().unwrap();
+    let echo = wasm_file(dir.path(), "echo", modules::ECHO);
+    let task = coordinator.cli_json(
+        &["run", echo.to_str().unwrap(), "--input", "-", "--wait"],
+        Some(b"sealed"),
+    );
+    assert_eq!(task["output_text"], "echo:sealed");
+
+    // A plain MQTT client gets nothing from the TLS port.
+    let plain = Command::new("mosquitto_sub")
+        .args(["-h", "127.0.0.1", "-p", &broker.port.to_string()])
+        .args(["-t", "starling/v1/#", "-C", "1", "-W", "3"])
+        .output()
+        .unwrap();
+    assert!(!plain.status.success());
 }
