@@ -603,7 +603,9 @@ impl Store {
         digest: &Digest,
     ) -> Result<Option<PublisherSignature>, StoreError> {
         let sql = "SELECT publisher_key, publisher_signature FROM artifacts WHERE digest = $1";
-        let row: Option<(Option<Vec<u8>>, Option<Vec<u8>>)> = with_pool!(self, pool => sqlx::query_as(sql)
+        // Both NULL until someone signs the artifact.
+        type Row = (Option<Vec<u8>>, Option<Vec<u8>>);
+        let row: Option<Row> = with_pool!(self, pool => sqlx::query_as(sql)
             .bind(digest.to_hex())
             .fetch_optional(pool)
             .await)?;
