@@ -10,10 +10,11 @@
 
 use std::collections::HashMap;
 use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use rumqttd::{Broker, Config, ConnectionSettings, RouterConfig, ServerSettings};
+use rumqttd::{Broker, Config, ConnectionSettings, RouterConfig, ServerSettings, TlsConfig};
 
 use crate::access::MqttAccess;
 
@@ -39,6 +40,14 @@ pub enum StartBrokerError {
         /// The OS's words.
         reason: String,
     },
+    /// The embedded broker's certificate or key cannot be used.
+    #[error("cannot use {path} for the embedded broker's TLS: {detail}; pass PEM files to --mqtt-tls-cert and --mqtt-tls-key")]
+    Tls {
+        /// The file.
+        path: PathBuf,
+        /// What was wrong.
+        detail: String,
+    },
     /// The broker's thread could not be started.
     #[error("cannot start the embedded MQTT broker: {0}")]
     Thread(#[source] std::io::Error),
@@ -56,58 +65,60 @@ pub enum StartBrokerError {
 /// same `mqtt://` and `mqtts://` URLs.
 pub use starling_agent::config::BrokerAddress;
 
-/// Starts rumqttd on `listen` in its own threads and returns the address it
-/// listens on once it accepts TCP connections. Each connection must log in
-/// with credentials `access` accepts; one without any is refused.
+/// The embedded broker's server certificate: with it, the broker speaks
+/// only TLS on its listen address.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BrokerTls {
+    /// PEM certificate chain, leaf first.
+    pub cert: PathBuf,
+    /// PEM private key of the leaf.
+    pub key: PathBuf,
+}
+
+/// Where a started embedded broker listens.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EmbeddedBroker {
+    /// The address agents use (TLS when [`EmbeddedBroker::tls`]).
+    pub listen: SocketAddr,
+    /// Whether `listen` speaks TLS.
+    pub tls: bool,
+    /// A plain listener on the loopback interface for the coordinator's own
+    /// client, so it needs neither a CA nor a certificate naming this host;
+    /// logins are checked there too. The same as `listen` without TLS.
+    pub local: SocketAddr,
+}
+
+/// Starts rumqttd on `listen` in its own threads and returns where it
+/// listens once it accepts TCP connections. Each connection must log in with
+/// credentials `access` accepts; one without any is refused. With `tls`,
+/// `listen` speaks only TLS and a second, plain listener on 127.0.0.1 serves
+/// the coordinator itself.
 ///
-/// rumqttd binds its listener itself and offers no way to stop it, so the
+/// rumqttd binds its listeners itself and offers no way to stop them, so the
 /// broker lives until the process exits.
 pub fn start_embedded_broker(
     listen: SocketAddr,
+    tls: Option<&BrokerTls>,
     access: Arc<MqttAccess>,
-) -> Result<SocketAddr, StartBrokerError> {
-    // rumqttd cannot report the port it bound, and it logs a bind failure from
-    // its own thread instead of returning it. So we bind here first: that
-    // reports "address in use" to the caller and, for port 0, picks a free
-    // port. We then release the port and hand it to rumqttd. Between the
-    // release and rumqttd's bind another process could take the port; the
-    // readiness check below then times out with a clear error.
-    let probe = TcpListener::bind(listen).map_err(|error| StartBrokerError::Bind {
-        addr: listen,
-        reason: crate::describe_bind_error(&error),
-    })?;
-    let addr = probe.local_addr().map_err(|error| StartBrokerError::Bind {
-        addr: listen,
-        reason: error.to_string(),
-    })?;
-    drop(probe);
-
-    let mut server = ServerSettings {
-        name: "starling-v4".to_string(),
-        listen: addr,
-        tls: None,
-        next_connection_delay_ms: 1,
-        connections: ConnectionSettings {
-            connection_timeout_ms: 60_000,
-            max_payload_size: MAX_PACKET_BYTES,
-            max_inflight_count: 100,
-            auth: None,
-            external_auth: None,
-            dynamic_filters: true,
-        },
+) -> Result<EmbeddedBroker, StartBrokerError> {
+    let addr = reserve(listen)?;
+    let local = match tls {
+        Some(_) => reserve(SocketAddr::from(([127, 0, 0, 1], 0)))?,
+        None => addr,
     };
-    // rumqttd refuses a connect without a login as soon as a handler is set,
-    // so anonymous clients are let in only by a handler that says so.
+    let tls_config = tls.map(check_tls_files).transpose()?;
+    let mut servers = HashMap::from([(
+        "1".to_string(),
+        server_settings("starling-v4", addr, tls_config, &access),
+    )]);
+    if tls.is_some() {
+        servers.insert(
+            "2".to_string(),
+            server_settings("starling-v4-local", local, None, &access),
+        );
+    }
     if access.allows_anonymous() {
         tracing::debug!("embedded broker: anonymous clients allowed");
-    } else {
-        server.set_auth_handler(move |_client_id, username, password| {
-            let allowed = access.check(&username, &password);
-            if !allowed {
-                tracing::warn!(%username, "embedded broker refused a login");
-            }
-            async move { allowed }
-        });
     }
     let config = Config {
         id: 0,
@@ -119,7 +130,7 @@ pub fn start_embedded_broker(
             max_segment_count: 10,
             ..RouterConfig::default()
         },
-        v4: Some(HashMap::from([("1".to_string(), server)])),
+        v4: Some(servers),
         ..Config::default()
     };
     let mut broker = Broker::new(config);
@@ -133,19 +144,112 @@ pub fn start_embedded_broker(
         .map_err(StartBrokerError::Thread)?;
 
     let deadline = Instant::now() + BROKER_START_TIMEOUT;
-    let connect_to = if addr.ip().is_unspecified() {
-        SocketAddr::from(([127, 0, 0, 1], addr.port()))
-    } else {
-        addr
-    };
-    while Instant::now() < deadline {
-        if TcpStream::connect_timeout(&connect_to, Duration::from_millis(200)).is_ok() {
-            return Ok(addr);
+    for bound in [addr, local] {
+        let connect_to = if bound.ip().is_unspecified() {
+            SocketAddr::from(([127, 0, 0, 1], bound.port()))
+        } else {
+            bound
+        };
+        loop {
+            if TcpStream::connect_timeout(&connect_to, Duration::from_millis(200)).is_ok() {
+                break;
+            }
+            if Instant::now() >= deadline {
+                return Err(StartBrokerError::NotReady {
+                    addr: bound,
+                    timeout: BROKER_START_TIMEOUT,
+                });
+            }
+            std::thread::sleep(Duration::from_millis(20));
         }
-        std::thread::sleep(Duration::from_millis(20));
     }
-    Err(StartBrokerError::NotReady {
-        addr,
-        timeout: BROKER_START_TIMEOUT,
+    Ok(EmbeddedBroker {
+        listen: addr,
+        tls: tls.is_some(),
+        local,
     })
+}
+
+/// Binds `listen` and lets it go, returning the address bound.
+///
+/// rumqttd cannot report the port it bound, and it logs a bind failure from
+/// its own thread instead of returning it. So we bind here first: that
+/// reports "address in use" to the caller and, for port 0, picks a free
+/// port. We then release the port and hand it to rumqttd. Between the
+/// release and rumqttd's bind another process could take the port; the
+/// readiness check then times out with a clear error.
+fn reserve(listen: SocketAddr) -> Result<SocketAddr, StartBrokerError> {
+    let probe = TcpListener::bind(listen).map_err(|error| StartBrokerError::Bind {
+        addr: listen,
+        reason: crate::describe_bind_error(&error),
+    })?;
+    probe.local_addr().map_err(|error| StartBrokerError::Bind {
+        addr: listen,
+        reason: error.to_string(),
+    })
+}
+
+/// rumqttd reads the files in its own thread and only logs what it thinks of
+/// them; reading them here first turns a typo into an error at start.
+fn check_tls_files(tls: &BrokerTls) -> Result<TlsConfig, StartBrokerError> {
+    use rustls::pki_types::pem::PemObject as _;
+    use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+    let bad = |path: &Path, detail: String| StartBrokerError::Tls {
+        path: path.to_path_buf(),
+        detail,
+    };
+    let certs = CertificateDer::pem_file_iter(&tls.cert)
+        .map_err(|e| bad(&tls.cert, e.to_string()))?
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| bad(&tls.cert, e.to_string()))?;
+    if certs.is_empty() {
+        return Err(bad(&tls.cert, "no PEM certificate in it".to_string()));
+    }
+    PrivateKeyDer::from_pem_file(&tls.key).map_err(|e| bad(&tls.key, e.to_string()))?;
+    let text = |path: &Path| {
+        path.to_str()
+            .map(str::to_string)
+            .ok_or_else(|| bad(path, "the path is not UTF-8".to_string()))
+    };
+    Ok(TlsConfig::Rustls {
+        capath: None,
+        certpath: text(&tls.cert)?,
+        keypath: text(&tls.key)?,
+    })
+}
+
+/// One listener's settings, with the login check unless anonymous clients
+/// are allowed (rumqttd refuses a connect without a login as soon as a
+/// handler is set, so anonymous clients are let in only without one).
+fn server_settings(
+    name: &str,
+    listen: SocketAddr,
+    tls: Option<TlsConfig>,
+    access: &Arc<MqttAccess>,
+) -> ServerSettings {
+    let mut server = ServerSettings {
+        name: name.to_string(),
+        listen,
+        tls,
+        next_connection_delay_ms: 1,
+        connections: ConnectionSettings {
+            connection_timeout_ms: 60_000,
+            max_payload_size: MAX_PACKET_BYTES,
+            max_inflight_count: 100,
+            auth: None,
+            external_auth: None,
+            dynamic_filters: true,
+        },
+    };
+    if !access.allows_anonymous() {
+        let access = access.clone();
+        server.set_auth_handler(move |_client_id, username, password| {
+            let allowed = access.check(&username, &password);
+            if !allowed {
+                tracing::warn!(%username, "embedded broker refused a login");
+            }
+            async move { allowed }
+        });
+    }
+    server
 }

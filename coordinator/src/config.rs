@@ -84,6 +84,9 @@ pub struct CoordinatorConfig {
     /// PEM files for an `mqtts://` external broker: the CA to trust and, for
     /// brokers that require one, the coordinator's client certificate.
     pub mqtt_tls: MqttTlsFiles,
+    /// The embedded broker's certificate and key: with them it serves MQTT
+    /// over TLS only (`mqtts://`) on `mqtt_listen`.
+    pub mqtt_server_tls: Option<crate::broker::BrokerTls>,
 }
 
 impl Default for CoordinatorConfig {
@@ -111,6 +114,7 @@ impl Default for CoordinatorConfig {
             mosquitto_auth_dir: None,
             mosquitto_pid_file: None,
             mqtt_tls: MqttTlsFiles::default(),
+            mqtt_server_tls: None,
         }
     }
 }
@@ -188,6 +192,10 @@ pub struct FileConfig {
     pub mqtt_client_cert: Option<PathBuf>,
     /// `--mqtt-client-key`.
     pub mqtt_client_key: Option<PathBuf>,
+    /// `--mqtt-tls-cert`.
+    pub mqtt_tls_cert: Option<PathBuf>,
+    /// `--mqtt-tls-key`.
+    pub mqtt_tls_key: Option<PathBuf>,
 }
 
 /// Settings given on the command line or in the environment (clap merges those
@@ -279,6 +287,13 @@ pub struct ServeArgs {
         requires = "mqtt_client_cert"
     )]
     pub mqtt_client_key: Option<PathBuf>,
+    /// The embedded broker's certificate chain (PEM): it then speaks only TLS on
+    /// --mqtt-listen, and agents connect with mqtts:// (needs --mqtt-tls-key).
+    #[arg(long, env = "STARLING_MQTT_TLS_CERT", value_name = "FILE")]
+    pub mqtt_tls_cert: Option<PathBuf>,
+    /// The private key (PEM) of --mqtt-tls-cert.
+    #[arg(long, env = "STARLING_MQTT_TLS_KEY", value_name = "FILE")]
+    pub mqtt_tls_key: Option<PathBuf>,
 }
 
 /// Why the settings could not be assembled.
@@ -310,6 +325,9 @@ pub enum ConfigError {
         /// The value given.
         value: String,
     },
+    /// Only one of the embedded broker's certificate and key was given.
+    #[error("--mqtt-tls-cert and --mqtt-tls-key go together: give both for a TLS embedded broker, or neither")]
+    BrokerTlsPair,
     /// An address is not `IP:PORT`.
     #[error("{setting} {value:?} is not an address like 127.0.0.1:7878")]
     Address {
@@ -434,6 +452,14 @@ impl ServeArgs {
                 ca_file: self.mqtt_ca_file.clone().or(file.mqtt_ca_file),
                 client_cert: self.mqtt_client_cert.clone().or(file.mqtt_client_cert),
                 client_key: self.mqtt_client_key.clone().or(file.mqtt_client_key),
+            },
+            mqtt_server_tls: match (
+                self.mqtt_tls_cert.clone().or(file.mqtt_tls_cert),
+                self.mqtt_tls_key.clone().or(file.mqtt_tls_key),
+            ) {
+                (Some(cert), Some(key)) => Some(crate::broker::BrokerTls { cert, key }),
+                (None, None) => None,
+                _ => return Err(ConfigError::BrokerTlsPair),
             },
             ..defaults
         })

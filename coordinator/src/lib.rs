@@ -406,21 +406,32 @@ pub async fn start(config: CoordinatorConfig) -> Result<Running, StartError> {
         );
     }
 
-    let (address, embedded_broker) = match &config.broker {
-        Some(url) => (BrokerAddress::parse(url)?, false),
+    // Where agents reach the broker, and where the coordinator's own client
+    // connects: the same for an external broker; for the embedded one with
+    // TLS, its plain loopback listener.
+    let (address, own_address, embedded_broker) = match &config.broker {
+        Some(url) => {
+            let address = BrokerAddress::parse(url)?;
+            (address.clone(), address, false)
+        }
         None => {
-            let bound = broker::start_embedded_broker(config.mqtt_listen, mqtt_access.clone())?;
-            let host = if bound.ip().is_unspecified() {
-                "127.0.0.1".to_string()
-            } else {
-                bound.ip().to_string()
+            let embedded = broker::start_embedded_broker(
+                config.mqtt_listen,
+                config.mqtt_server_tls.as_ref(),
+                mqtt_access.clone(),
+            )?;
+            let at = |addr: SocketAddr, tls: bool| BrokerAddress {
+                host: if addr.ip().is_unspecified() {
+                    "127.0.0.1".to_string()
+                } else {
+                    addr.ip().to_string()
+                },
+                port: addr.port(),
+                tls,
             };
             (
-                BrokerAddress {
-                    host,
-                    port: bound.port(),
-                    tls: false,
-                },
+                at(embedded.listen, embedded.tls),
+                at(embedded.local, false),
                 true,
             )
         }
@@ -432,7 +443,7 @@ pub async fn start(config: CoordinatorConfig) -> Result<Running, StartError> {
             .as_deref()
             .map(|user| (user, config.mqtt_password.as_deref().unwrap_or(""))),
     };
-    let (mqtt, eventloop) = match connect_mqtt(&address, &config.mqtt_tls, login).await {
+    let (mqtt, eventloop) = match connect_mqtt(&own_address, &config.mqtt_tls, login).await {
         Ok(connected) => connected,
         Err(error) => {
             store.close().await;

@@ -406,10 +406,79 @@ fn coordinator_and_agents_speak_mqtt_over_tls_only_with_the_right_ca() {
     assert_eq!(task["output_text"], "echo:sealed");
 
     // A plain MQTT client gets nothing from the TLS port.
+    assert_plain_mqtt_refused(broker.port);
+}
+
+fn assert_plain_mqtt_refused(port: u16) {
     let plain = Command::new("mosquitto_sub")
-        .args(["-h", "127.0.0.1", "-p", &broker.port.to_string()])
+        .args(["-h", "127.0.0.1", "-p", &port.to_string()])
         .args(["-t", "starling/v1/#", "-C", "1", "-W", "3"])
         .output()
         .unwrap();
     assert!(!plain.status.success());
+}
+
+#[test]
+fn the_embedded_broker_serves_tls_with_the_given_certificate() {
+    let pki_dir = tempfile::tempdir().unwrap();
+    let pki = Pki::create(pki_dir.path());
+    let coordinator = Coordinator::start(
+        None,
+        Store::Sqlite,
+        &[
+            "--mqtt-tls-cert",
+            pki.server_cert.to_str().unwrap(),
+            "--mqtt-tls-key",
+            pki.server_key.to_str().unwrap(),
+        ],
+    );
+    assert!(
+        coordinator.mqtt.starts_with("mqtts://"),
+        "{}",
+        coordinator.mqtt
+    );
+    let _agent = Agent::start_with(
+        &coordinator,
+        &coordinator.mqtt,
+        "tls-local",
+        "",
+        None,
+        &["--mqtt-ca-file", pki.ca.to_str().unwrap()],
+    );
+    coordinator.wait_for_nodes(1, Duration::from_secs(60));
+    let dir = tempfile::tempdir().unwrap();
+    let echo = wasm_file(dir.path(), "echo", modules::ECHO);
+    let task = coordinator.cli_json(
+        &["run", echo.to_str().unwrap(), "--input", "-", "--wait"],
+        Some(b"embedded"),
+    );
+    assert_eq!(task["output_text"], "echo:embedded");
+    let port: u16 = coordinator
+        .mqtt
+        .rsplit(':')
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert_plain_mqtt_refused(port);
+
+    // Half a certificate is refused before anything starts.
+    let data = tempfile::tempdir().unwrap();
+    let refused = Command::new(binary("starling-coordinator"))
+        .args([
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--mqtt-listen",
+            "127.0.0.1:0",
+        ])
+        .arg("--data-dir")
+        .arg(data.path())
+        .arg("--mqtt-tls-cert")
+        .arg(&pki.server_cert)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert!(!refused.status.success());
+    assert!(stderr.contains("--mqtt-tls-key"), "{stderr}");
 }
