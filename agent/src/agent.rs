@@ -87,6 +87,14 @@ pub enum AgentError {
         /// What went wrong.
         detail: String,
     },
+    /// The broker answered and refused this agent's login.
+    #[error("the MQTT broker at {broker} refused this agent: {detail}; check its credentials (enroll again with a new join token if it was revoked)")]
+    BrokerRefused {
+        /// The broker URL.
+        broker: String,
+        /// The broker's answer.
+        detail: String,
+    },
     /// A message of the agent's own could not be encoded.
     #[error(transparent)]
     Encode(#[from] EncodeError),
@@ -235,11 +243,25 @@ pub async fn run(
     let (client, mut eventloop) = AsyncClient::new(options, 256);
 
     let connect_started = Instant::now();
-    let session_present = first_connect(&mut eventloop, &config.broker).await?;
-    let link = Arc::new(LinkTracker::new(Some(connect_started.elapsed())));
-    tracing::info!(node = %node_id, broker = %config.broker, session_present, "connected");
+    // A node that was running work when it went down resumes it even while
+    // the broker is away (a reboot during an outage): its events wait in the
+    // journal. A node with nothing to resume fails fast instead, so a wrong
+    // --broker shows at once. A refused login always stops it.
+    let online = match first_connect(&mut eventloop, &config.broker).await {
+        Ok(session_present) => {
+            tracing::info!(node = %node_id, broker = %config.broker, session_present, "connected");
+            true
+        }
+        Err(AgentError::BrokerUnreachable { detail, .. }) if !resumed.is_empty() => {
+            tracing::warn!(broker = %config.broker, %detail, attempts = resumed.len(),
+                "broker unreachable at start; resuming journaled work offline, its events wait for the broker");
+            false
+        }
+        Err(error) => return Err(error),
+    };
+    let link = Arc::new(LinkTracker::new(online.then(|| connect_started.elapsed())));
 
-    let (connected_sender, connected) = watch::channel(true);
+    let (connected_sender, connected) = watch::channel(online);
     let (inbound_sender, mut inbound) = mpsc::unbounded_channel();
     let stopping = Arc::new(AtomicBool::new(false));
     let connection = tokio::spawn(drive_connection(
@@ -248,6 +270,7 @@ pub async fn run(
         Arc::clone(&link),
         Arc::clone(&stopping),
         connected_sender,
+        online,
     ));
     let (outbound_sender, outbound) = mpsc::unbounded_channel();
     let outbound_task = tokio::spawn(drive_outbound(
@@ -517,6 +540,12 @@ async fn first_connect(eventloop: &mut EventLoop, broker: &str) -> Result<bool, 
             match eventloop.poll().await {
                 Ok(Event::Incoming(Packet::ConnAck(ack))) => return Ok(ack.session_present),
                 Ok(_) => continue,
+                Err(error @ ConnectionError::ConnectionRefused(_)) => {
+                    return Err(AgentError::BrokerRefused {
+                        broker: broker.to_owned(),
+                        detail: describe(&error),
+                    })
+                }
                 Err(error) => return Err(unreachable(describe(&error))),
             }
         }
@@ -548,9 +577,10 @@ async fn drive_connection(
     link: Arc<LinkTracker>,
     stopping: Arc<AtomicBool>,
     online: watch::Sender<bool>,
+    connected_at_start: bool,
 ) {
     let mut backoff = Duration::from_millis(100);
-    let mut connected = true;
+    let mut connected = connected_at_start;
     loop {
         match eventloop.poll().await {
             Ok(Event::Incoming(Packet::Publish(publish))) => {

@@ -2,7 +2,8 @@
 //! telemetry, an assignment run end to end with its module served over HTTP,
 //! malformed and forged payloads survived, redelivery not re-run, cancel,
 //! shutdown; events re-sent until acknowledged; a kill mid-task re-runs the
-//! attempt once; a broker restart loses no result.
+//! attempt once; a broker restart loses no result; a node rebooted while the
+//! broker is down resumes its work and delivers once the broker is back.
 #![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
 
 mod support;
@@ -711,6 +712,125 @@ async fn a_killed_agent_reruns_the_interrupted_attempt_exactly_once() {
     stop.send(()).unwrap();
     second.await.unwrap().unwrap();
     assert_eq!(journal_counts(data_dir.path()).await, (0, 1));
+}
+
+/// The states of `task`'s events waiting in the journal's outbox, read
+/// through a second, read-only connection while the agent runs.
+async fn outbox_states(data_dir: &std::path::Path, task: &str) -> Vec<String> {
+    let url = format!(
+        "sqlite://{}?mode=ro",
+        data_dir.join("journal.sqlite").display()
+    );
+    let pool = sqlx::SqlitePool::connect(&url).await.unwrap();
+    let states: Vec<(String,)> =
+        sqlx::query_as("SELECT state FROM outbox WHERE task_id = ? ORDER BY seq")
+            .bind(task)
+            .fetch_all(&pool)
+            .await
+            .unwrap();
+    pool.close().await;
+    states.into_iter().map(|(state,)| state).collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_rebooted_during_a_broker_outage_resumes_its_work_offline() {
+    support::logs();
+    let mut broker = Mosquitto::start();
+    let http = HttpServer::start().await;
+    let count = wat::parse_str(support::COUNT_WAT).unwrap();
+    let digest = sha256(&count);
+    let url = http.serve("/count", count);
+    let topics = Topics::default();
+    let node = NodeId::new("rebooted").unwrap();
+    let data_dir = tempfile::tempdir().unwrap();
+    let config = config(&broker, &node, data_dir.path());
+    {
+        let mut observer = Observer::acking(broker.port, "starling/v1/nodes/rebooted/#").await;
+        let doomed = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .unwrap();
+        doomed.spawn(starling_agent::run(config.clone(), std::future::pending()));
+        observer
+            .next_on(
+                &topics.node(&node, Channel::Capability),
+                Duration::from_secs(30),
+            )
+            .await
+            .expect("no capability");
+        let task = assignment(
+            &node,
+            "through-the-outage",
+            digest,
+            &url,
+            b"",
+            ExecLimits {
+                wall_ms: 120_000,
+                ..ExecLimits::default()
+            },
+        );
+        observer.assign(&topics, &node, &task).await;
+        assert_eq!(
+            observer.next_event(&topics, &node).await.state,
+            TaskState::Accepted
+        );
+        assert_eq!(
+            observer.next_event(&topics, &node).await.state,
+            TaskState::Running
+        );
+        // The broker dies, then the node loses power.
+        broker.kill();
+        doomed.shutdown_background();
+    }
+
+    // The node boots with the broker still down: it resumes the attempt
+    // from its journal instead of failing to start.
+    let (stop, stopped) = oneshot::channel::<()>();
+    let agent = tokio::spawn(starling_agent::run(config, async {
+        let _ = stopped.await;
+    }));
+    let start = std::time::Instant::now();
+    loop {
+        assert!(
+            !agent.is_finished(),
+            "the agent stopped while the broker was down: {:?}",
+            agent.await
+        );
+        let states = outbox_states(data_dir.path(), "through-the-outage").await;
+        if states.iter().any(|s| s == "succeeded") {
+            break;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(60),
+            "the attempt did not finish offline; outbox: {states:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+
+    // The broker returns: the queued result arrives, once.
+    broker.start_again();
+    let mut observer = Observer::acking(broker.port, "starling/v1/nodes/rebooted/#").await;
+    let (done, _) = observer
+        .until_final(&topics, &node, "through-the-outage")
+        .await;
+    assert_eq!(done.state, TaskState::Succeeded);
+    assert_eq!(done.output, b"done");
+    // The observer's receipts empty the outbox.
+    let start = std::time::Instant::now();
+    loop {
+        let states = outbox_states(data_dir.path(), "through-the-outage").await;
+        if states.is_empty() {
+            break;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "events still unacknowledged: {states:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    stop.send(()).unwrap();
+    agent.await.unwrap().unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

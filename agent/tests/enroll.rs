@@ -413,10 +413,7 @@ async fn the_agent_connects_with_its_credentials_and_a_wrong_password_is_refused
     .await
     .expect("a refused agent stops at start")
     .unwrap_err();
-    assert!(
-        matches!(error, AgentError::BrokerUnreachable { .. }),
-        "{error}"
-    );
+    assert!(matches!(error, AgentError::BrokerRefused { .. }), "{error}");
     assert!(error.to_string().contains("refused"), "{error}");
 }
 

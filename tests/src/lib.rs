@@ -248,7 +248,17 @@ impl Mosquitto {
     /// as a broker that had not yet written its queue would be) and starts a
     /// fresh one on the same port.
     pub fn kill_and_restart(&mut self) {
+        self.kill();
+        self.start_again();
+    }
+
+    /// Kills the broker with SIGKILL; it stays down until [`Mosquitto::start_again`].
+    pub fn kill(&mut self) {
         self.process.kill();
+    }
+
+    /// Starts a fresh broker (it keeps nothing) on the same port.
+    pub fn start_again(&mut self) {
         self.process = Self::spawn(self.dir.path(), self.ip, self.port);
     }
 
