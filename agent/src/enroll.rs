@@ -113,6 +113,15 @@ pub enum EnrollError {
         /// What was wrong.
         detail: String,
     },
+    /// The answer names another coordinator key than the one this agent was
+    /// told to expect: something between it and the coordinator answered.
+    #[error("the enrollment answer carries coordinator key {received}, not the expected {expected} (--coordinator-key); refusing it, nothing was saved. Check --coordinator-url, and the network between this node and the coordinator")]
+    KeyMismatch {
+        /// The key given with --coordinator-key, hex.
+        expected: String,
+        /// The key in the answer, hex.
+        received: String,
+    },
 }
 
 /// Where the credentials live for this configuration.
@@ -158,6 +167,23 @@ pub async fn prepare(config: &mut AgentConfig) -> Result<Option<Credentials>, En
                 detail: e.to_string(),
             })?;
         let credentials = enroll(&url, &token, node_id.as_str()).await?;
+        // Enrollment runs over whatever the URL says, plain HTTP included;
+        // the key given beside the join token (as `starling token create`
+        // prints it) is what makes it safe: an answer from anyone but the
+        // coordinator holding that key is refused before anything is kept.
+        if let Some(expected) = config.coordinator_key {
+            let received = parse_coordinator_key(&credentials.coordinator_key).map_err(|e| {
+                EnrollError::BadAnswer {
+                    detail: e.to_string(),
+                }
+            })?;
+            if received != expected {
+                return Err(EnrollError::KeyMismatch {
+                    expected: hex::encode(expected),
+                    received: hex::encode(received),
+                });
+            }
+        }
         if credentials.node_id != node_id.as_str() {
             return Err(EnrollError::BadAnswer {
                 detail: format!(

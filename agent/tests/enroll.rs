@@ -163,6 +163,39 @@ async fn a_join_token_is_traded_once_for_private_credentials() {
 }
 
 #[tokio::test]
+async fn an_answer_with_another_coordinator_key_is_refused_and_nothing_is_kept() {
+    // Whoever answers here plays a man in the middle: its credentials carry
+    // its own key, not the one printed with the join token.
+    let dir = TempDir::new().unwrap();
+    let answer = serde_json::to_string(&credentials("edge-1", "stolen")).unwrap();
+    let (url, _seen) = responder(200, answer).await;
+    let expected = [0x42; 32];
+    let mut config = agent_config(dir.path(), "edge-1");
+    config.coordinator_url = Some(url.clone());
+    config.join_token = Some("join-abc".to_owned());
+    config.coordinator_key = Some(expected);
+    let error = enroll::prepare(&mut config).await.unwrap_err();
+    match &error {
+        EnrollError::KeyMismatch { expected, received } => {
+            assert_eq!(expected, &"42".repeat(32));
+            assert_eq!(received, KEY_HEX);
+        }
+        other => panic!("expected a key mismatch, got {other}"),
+    }
+    assert!(error.to_string().contains("nothing was saved"), "{error}");
+    assert!(!dir.path().join(CREDENTIALS_FILE).exists());
+    assert_eq!(config.mqtt_password, None);
+
+    // With the right key the same answer is taken.
+    let mut config = agent_config(dir.path(), "edge-1");
+    config.coordinator_url = Some(url);
+    config.join_token = Some("join-abc".to_owned());
+    config.coordinator_key = Some(hex::decode(KEY_HEX).unwrap().try_into().unwrap());
+    enroll::prepare(&mut config).await.unwrap().unwrap();
+    assert!(dir.path().join(CREDENTIALS_FILE).exists());
+}
+
+#[tokio::test]
 async fn refusals_and_misconfigurations_are_clear_errors() {
     let dir = TempDir::new().unwrap();
     let (url, _) = responder(

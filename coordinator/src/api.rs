@@ -669,6 +669,10 @@ pub struct JoinTokenCreated {
     pub expires_ms: u64,
     /// How many nodes may enroll with it.
     pub uses: u32,
+    /// The coordinator's public key (64 hex digits): give it to the agent with
+    /// `--coordinator-key` so that it refuses an enrollment answer from
+    /// anyone else.
+    pub coordinator_key: String,
 }
 
 /// An API token request.
@@ -885,6 +889,7 @@ async fn create_join_token(
             token,
             expires_ms,
             uses,
+            coordinator_key: shared.signer.public_key_hex(),
         }),
     ))
 }

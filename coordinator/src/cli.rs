@@ -209,7 +209,7 @@ pub enum NodeAction {
 #[derive(Debug, Subcommand)]
 pub enum TokenAction {
     /// Create a join token; an agent enrolls with it once
-    /// (`starling-agent run --coordinator-url URL --join-token TOKEN`).
+    /// (`starling-agent run --coordinator-url URL --join-token TOKEN --coordinator-key KEY`).
     /// The secret is printed once and stored only as a hash.
     Create {
         /// How long it stays valid (e.g. 10m, 1h, 7d is 168h).
@@ -396,10 +396,11 @@ async fn dispatch(cli: &Cli, client: &Client) -> Result<i32, CliError> {
                 println!("{}", created.token);
                 eprintln!(
                     "starling: join token for {} enrollment(s), valid for {}; shown only now.\n\
-                     starling: enroll an agent with: starling-agent run --coordinator-url {} --join-token TOKEN",
+                     starling: enroll an agent with: starling-agent run --coordinator-url {} --join-token TOKEN --coordinator-key {}",
                     created.uses,
                     humanize(ttl),
-                    client.base()
+                    client.base(),
+                    created.coordinator_key
                 );
             }
             Ok(EXIT_OK)

@@ -593,6 +593,17 @@ impl Coordinator {
         }
     }
 
+    /// The coordinator's public key, as `GET /api/v1/identity` serves it.
+    pub fn coordinator_key(&self) -> String {
+        let (status, text) = self.http("GET", "/api/v1/identity", None);
+        assert_eq!(status, 200, "{text}");
+        let identity: serde_json::Value = serde_json::from_str(&text).unwrap();
+        identity["coordinator_key"]
+            .as_str()
+            .unwrap_or_else(|| panic!("no coordinator_key in {identity}"))
+            .to_string()
+    }
+
     /// Creates a single-use join token for one agent (`starling token create`).
     pub fn join_token(&self) -> String {
         let out = self.cli(&["token", "create", "--json"], None);
@@ -738,6 +749,8 @@ impl Agent {
             rest.into(),
             "--join-token".into(),
             coordinator.join_token().into(),
+            "--coordinator-key".into(),
+            coordinator.coordinator_key().into(),
         ];
         if !labels.is_empty() {
             args.extend(["--labels".into(), labels.into()]);
