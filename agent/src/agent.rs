@@ -210,7 +210,11 @@ pub async fn run(
     if let Some(opencl) = &opencl {
         add_opencl(&mut capability, opencl);
     }
-    let artifacts = ArtifactStore::open(&config.data_dir, config.max_artifact_bytes)?;
+    let artifacts = ArtifactStore::open_with_ca(
+        &config.data_dir,
+        config.max_artifact_bytes,
+        config.coordinator_ca_file.as_deref(),
+    )?;
     let executor = Arc::new(WasmExecutor::with_policy(config.allowed_grants)?);
 
     let limits = JournalLimits {

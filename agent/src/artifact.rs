@@ -110,12 +110,23 @@ pub struct ArtifactStore {
 impl ArtifactStore {
     /// Opens (creating if needed) the cache under `data_dir`.
     pub fn open(data_dir: &Path, max_bytes: u64) -> Result<Self, OpenStoreError> {
+        Self::open_with_ca(data_dir, max_bytes, None)
+    }
+
+    /// Opens the cache; `https://` artifact URLs trust `ca_file`, or the
+    /// system roots without one.
+    pub fn open_with_ca(
+        data_dir: &Path,
+        max_bytes: u64,
+        ca_file: Option<&Path>,
+    ) -> Result<Self, OpenStoreError> {
         let directory = data_dir.join("artifacts").join("sha256");
         std::fs::create_dir_all(&directory).map_err(|source| OpenStoreError::CreateDir {
             path: directory.clone(),
             source,
         })?;
-        let http = reqwest::Client::builder()
+        let http = crate::tls::http_client(ca_file)
+            .map_err(|e| OpenStoreError::Client(e.to_string()))?
             .connect_timeout(Duration::from_secs(10))
             .timeout(Duration::from_secs(120))
             .build()

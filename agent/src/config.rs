@@ -64,6 +64,9 @@ pub struct AgentConfig {
     pub event_resend_interval: Duration,
     /// The coordinator's REST base URL (`http://host:port`), used to enroll.
     pub coordinator_url: Option<String>,
+    /// The CA (PEM) to trust for an `https://` coordinator URL and artifact
+    /// URLs; the system roots when absent.
+    pub coordinator_ca_file: Option<PathBuf>,
     /// A join token from `starling token create`, used once to enroll; ignored
     /// once `<data-dir>/credentials.json` exists.
     pub join_token: Option<String>,
@@ -116,6 +119,7 @@ impl Default for AgentConfig {
             journal_max_attempts: crate::journal::DEFAULT_MAX_ATTEMPTS,
             event_resend_interval: Duration::from_secs(5),
             coordinator_url: None,
+            coordinator_ca_file: None,
             join_token: None,
             mqtt_username: None,
             mqtt_password: None,
@@ -261,6 +265,8 @@ pub struct ConfigLayer {
     pub event_resend_interval: Option<Duration>,
     /// See [`AgentConfig::coordinator_url`].
     pub coordinator_url: Option<String>,
+    /// See [`AgentConfig::coordinator_ca_file`].
+    pub coordinator_ca_file: Option<PathBuf>,
     /// See [`AgentConfig::join_token`].
     pub join_token: Option<String>,
     /// See [`AgentConfig::mqtt_username`].
@@ -304,6 +310,7 @@ struct FileConfig {
     journal_max_attempts: Option<usize>,
     event_resend_interval: Option<String>,
     coordinator_url: Option<String>,
+    coordinator_ca_file: Option<PathBuf>,
     mqtt_username: Option<String>,
     mqtt_password: Option<String>,
     mqtt_ca_file: Option<PathBuf>,
@@ -395,6 +402,7 @@ impl ConfigLayer {
                 .map(parse_duration)
                 .transpose()?,
             coordinator_url: file.coordinator_url,
+            coordinator_ca_file: file.coordinator_ca_file,
             // A join token is a one-time secret: flags or environment only.
             join_token: None,
             mqtt_username: file.mqtt_username,
@@ -449,6 +457,8 @@ impl AgentConfig {
             event_resend_interval: first(layers, |l| &l.event_resend_interval)
                 .unwrap_or(defaults.event_resend_interval),
             coordinator_url: first(layers, |l| &l.coordinator_url).or(defaults.coordinator_url),
+            coordinator_ca_file: first(layers, |l| &l.coordinator_ca_file)
+                .or(defaults.coordinator_ca_file),
             join_token: first(layers, |l| &l.join_token).or(defaults.join_token),
             mqtt_username: first(layers, |l| &l.mqtt_username).or(defaults.mqtt_username),
             mqtt_password: first(layers, |l| &l.mqtt_password).or(defaults.mqtt_password),

@@ -166,7 +166,13 @@ pub async fn prepare(config: &mut AgentConfig) -> Result<Option<Credentials>, En
             .map_err(|e| EnrollError::BadAnswer {
                 detail: e.to_string(),
             })?;
-        let credentials = enroll(&url, &token, node_id.as_str()).await?;
+        let credentials = enroll(
+            &url,
+            &token,
+            node_id.as_str(),
+            config.coordinator_ca_file.as_deref(),
+        )
+        .await?;
         // Enrollment runs over whatever the URL says, plain HTTP included;
         // the key given beside the join token (as `starling token create`
         // prints it) is what makes it safe: an answer from anyone but the
@@ -206,18 +212,21 @@ pub async fn prepare(config: &mut AgentConfig) -> Result<Option<Credentials>, En
     Ok(Some(credentials))
 }
 
-/// Redeems a join token at the coordinator.
+/// Redeems a join token at the coordinator (over HTTPS trusting `ca_file`,
+/// or the system roots without one, when the URL is `https://`).
 pub async fn enroll(
     coordinator_url: &str,
     join_token: &str,
     node_id: &str,
+    ca_file: Option<&Path>,
 ) -> Result<Credentials, EnrollError> {
     let url = format!("{}{ENROLL_PATH}", coordinator_url.trim_end_matches('/'));
     let unreachable = |detail: String| EnrollError::Unreachable {
         url: url.clone(),
         detail,
     };
-    let client = reqwest::Client::builder()
+    let client = crate::tls::http_client(ca_file)
+        .map_err(|e| unreachable(e.to_string()))?
         .timeout(ENROLL_TIMEOUT)
         .build()
         .map_err(|e| unreachable(e.to_string()))?;

@@ -106,6 +106,9 @@ struct Settings {
     /// The coordinator's REST URL, to enroll with a join token.
     #[arg(long, env = "STARLING_COORDINATOR_URL", value_name = "URL")]
     coordinator_url: Option<String>,
+    /// PEM CA to trust for an https:// --coordinator-url and its artifact URLs [default: the system roots].
+    #[arg(long, env = "STARLING_COORDINATOR_CA_FILE", value_name = "FILE")]
+    coordinator_ca_file: Option<PathBuf>,
     /// A join token from `starling token create`; used once, ignored once
     /// <data-dir>/credentials.json exists.
     #[arg(
@@ -201,6 +204,7 @@ impl Settings {
             opencl: self.opencl,
             opencl_worker: self.opencl_worker.clone(),
             coordinator_url: self.coordinator_url.clone(),
+            coordinator_ca_file: self.coordinator_ca_file.clone(),
             join_token: self.join_token.clone(),
             mqtt_username: self.mqtt_username.clone(),
             mqtt_password: self.mqtt_password.clone(),

@@ -89,6 +89,26 @@ pub fn client_config(files: &MqttTlsFiles) -> Result<ClientConfig, TlsError> {
     Ok(config)
 }
 
+/// An HTTP client builder for the coordinator's REST API and artifacts: HTTPS
+/// trusts `ca_file`, or the system roots without one. Plain `http://` works
+/// either way; on a machine with no system roots and no CA file, `https://`
+/// fails at the handshake with an unknown-issuer error.
+pub fn http_client(ca_file: Option<&Path>) -> Result<reqwest::ClientBuilder, TlsError> {
+    let files = MqttTlsFiles {
+        ca_file: ca_file.map(Path::to_path_buf),
+        ..MqttTlsFiles::default()
+    };
+    let builder = reqwest::Client::builder();
+    match client_config(&files) {
+        Ok(config) => Ok(builder.use_preconfigured_tls(config)),
+        Err(TlsError::NoRoots { detail }) => {
+            tracing::debug!(%detail, "no system roots: HTTPS needs a CA file");
+            Ok(builder)
+        }
+        Err(error) => Err(error),
+    }
+}
+
 /// The rumqttc transport for a TLS connection with these files.
 pub fn transport(files: &MqttTlsFiles) -> Result<Transport, TlsError> {
     Ok(Transport::Tls(TlsConfiguration::Rustls(Arc::new(

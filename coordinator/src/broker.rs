@@ -10,13 +10,13 @@
 
 use std::collections::HashMap;
 use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use rumqttd::{Broker, Config, ConnectionSettings, RouterConfig, ServerSettings, TlsConfig};
 
 use crate::access::MqttAccess;
+use crate::server_tls::{ServerTls, ServerTlsError};
 
 /// Headroom over [`starling_proto::limits::MAX_MESSAGE_BYTES`] for the MQTT
 /// packet's own header and topic name.
@@ -41,13 +41,8 @@ pub enum StartBrokerError {
         reason: String,
     },
     /// The embedded broker's certificate or key cannot be used.
-    #[error("cannot use {path} for the embedded broker's TLS: {detail}; pass PEM files to --mqtt-tls-cert and --mqtt-tls-key")]
-    Tls {
-        /// The file.
-        path: PathBuf,
-        /// What was wrong.
-        detail: String,
-    },
+    #[error("{0}; pass PEM files to --mqtt-tls-cert and --mqtt-tls-key")]
+    Tls(#[from] ServerTlsError),
     /// The broker's thread could not be started.
     #[error("cannot start the embedded MQTT broker: {0}")]
     Thread(#[source] std::io::Error),
@@ -64,16 +59,6 @@ pub enum StartBrokerError {
 /// Where an MQTT broker listens: the agent's parser, so both ends accept the
 /// same `mqtt://` and `mqtts://` URLs.
 pub use starling_agent::config::BrokerAddress;
-
-/// The embedded broker's server certificate: with it, the broker speaks
-/// only TLS on its listen address.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct BrokerTls {
-    /// PEM certificate chain, leaf first.
-    pub cert: PathBuf,
-    /// PEM private key of the leaf.
-    pub key: PathBuf,
-}
 
 /// Where a started embedded broker listens.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -98,7 +83,7 @@ pub struct EmbeddedBroker {
 /// broker lives until the process exits.
 pub fn start_embedded_broker(
     listen: SocketAddr,
-    tls: Option<&BrokerTls>,
+    tls: Option<&ServerTls>,
     access: Arc<MqttAccess>,
 ) -> Result<EmbeddedBroker, StartBrokerError> {
     let addr = reserve(listen)?;
@@ -191,25 +176,15 @@ fn reserve(listen: SocketAddr) -> Result<SocketAddr, StartBrokerError> {
 
 /// rumqttd reads the files in its own thread and only logs what it thinks of
 /// them; reading them here first turns a typo into an error at start.
-fn check_tls_files(tls: &BrokerTls) -> Result<TlsConfig, StartBrokerError> {
-    use rustls::pki_types::pem::PemObject as _;
-    use rustls::pki_types::{CertificateDer, PrivateKeyDer};
-    let bad = |path: &Path, detail: String| StartBrokerError::Tls {
-        path: path.to_path_buf(),
-        detail,
-    };
-    let certs = CertificateDer::pem_file_iter(&tls.cert)
-        .map_err(|e| bad(&tls.cert, e.to_string()))?
-        .collect::<Result<Vec<_>, _>>()
-        .map_err(|e| bad(&tls.cert, e.to_string()))?;
-    if certs.is_empty() {
-        return Err(bad(&tls.cert, "no PEM certificate in it".to_string()));
-    }
-    PrivateKeyDer::from_pem_file(&tls.key).map_err(|e| bad(&tls.key, e.to_string()))?;
-    let text = |path: &Path| {
+fn check_tls_files(tls: &ServerTls) -> Result<TlsConfig, StartBrokerError> {
+    tls.rustls_config()?;
+    let text = |path: &std::path::Path| {
         path.to_str()
             .map(str::to_string)
-            .ok_or_else(|| bad(path, "the path is not UTF-8".to_string()))
+            .ok_or_else(|| ServerTlsError {
+                path: path.to_path_buf(),
+                detail: "the path is not UTF-8".to_string(),
+            })
     };
     Ok(TlsConfig::Rustls {
         capath: None,

@@ -94,6 +94,9 @@ pub struct Cli {
         value_name = "TOKEN"
     )]
     pub token: Option<String>,
+    /// CA certificate (PEM) to trust for an https:// coordinator [default: the system roots].
+    #[arg(long, global = true, env = "STARLING_CA_FILE", value_name = "FILE")]
+    pub ca_file: Option<PathBuf>,
     /// Print JSON instead of text.
     #[arg(long, global = true)]
     pub json: bool,
@@ -318,7 +321,13 @@ fn print_json<T: serde::Serialize>(value: &T) -> Result<(), CliError> {
 /// Runs the CLI and returns the process's exit status.
 pub async fn run(cli: Cli) -> i32 {
     let token = cli.token.clone().or_else(up_admin_token);
-    let client = Client::new(&cli.coordinator, token);
+    let client = match Client::with_ca_file(&cli.coordinator, token, cli.ca_file.as_deref()) {
+        Ok(client) => client,
+        Err(error) => {
+            eprintln!("starling: {error}");
+            return EXIT_USAGE;
+        }
+    };
     match dispatch(&cli, &client).await {
         Ok(code) => code,
         Err(error) => {

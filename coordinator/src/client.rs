@@ -73,6 +73,27 @@ impl Client {
         }
     }
 
+    /// A client that trusts `ca_file` (or the system roots without one) for
+    /// an `https://` coordinator.
+    pub fn with_ca_file(
+        base: &str,
+        token: Option<String>,
+        ca_file: Option<&std::path::Path>,
+    ) -> Result<Client, ClientError> {
+        let unusable = |detail: String| ClientError::Unreachable {
+            url: base.to_string(),
+            detail,
+        };
+        let http = starling_agent::tls::http_client(ca_file)
+            .map_err(|e| unusable(e.to_string()))?
+            .build()
+            .map_err(|e| unusable(describe(&e)))?;
+        Ok(Client {
+            http,
+            ..Client::new(base, token)
+        })
+    }
+
     /// The coordinator's base URL.
     pub fn base(&self) -> &str {
         &self.base

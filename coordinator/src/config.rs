@@ -86,7 +86,9 @@ pub struct CoordinatorConfig {
     pub mqtt_tls: MqttTlsFiles,
     /// The embedded broker's certificate and key: with them it serves MQTT
     /// over TLS only (`mqtts://`) on `mqtt_listen`.
-    pub mqtt_server_tls: Option<crate::broker::BrokerTls>,
+    pub mqtt_server_tls: Option<crate::server_tls::ServerTls>,
+    /// The REST API's certificate and key: with them it serves HTTPS only.
+    pub rest_tls: Option<crate::server_tls::ServerTls>,
 }
 
 impl Default for CoordinatorConfig {
@@ -115,6 +117,7 @@ impl Default for CoordinatorConfig {
             mosquitto_pid_file: None,
             mqtt_tls: MqttTlsFiles::default(),
             mqtt_server_tls: None,
+            rest_tls: None,
         }
     }
 }
@@ -196,6 +199,10 @@ pub struct FileConfig {
     pub mqtt_tls_cert: Option<PathBuf>,
     /// `--mqtt-tls-key`.
     pub mqtt_tls_key: Option<PathBuf>,
+    /// `--tls-cert`.
+    pub tls_cert: Option<PathBuf>,
+    /// `--tls-key`.
+    pub tls_key: Option<PathBuf>,
 }
 
 /// Settings given on the command line or in the environment (clap merges those
@@ -294,6 +301,13 @@ pub struct ServeArgs {
     /// The private key (PEM) of --mqtt-tls-cert.
     #[arg(long, env = "STARLING_MQTT_TLS_KEY", value_name = "FILE")]
     pub mqtt_tls_key: Option<PathBuf>,
+    /// The REST API's certificate chain (PEM): it then serves HTTPS only, and agents and the CLI
+    /// use https:// with --coordinator-ca-file / --ca-file (needs --tls-key).
+    #[arg(long, env = "STARLING_TLS_CERT", value_name = "FILE")]
+    pub tls_cert: Option<PathBuf>,
+    /// The private key (PEM) of --tls-cert.
+    #[arg(long, env = "STARLING_TLS_KEY", value_name = "FILE")]
+    pub tls_key: Option<PathBuf>,
 }
 
 /// Why the settings could not be assembled.
@@ -325,9 +339,14 @@ pub enum ConfigError {
         /// The value given.
         value: String,
     },
-    /// Only one of the embedded broker's certificate and key was given.
-    #[error("--mqtt-tls-cert and --mqtt-tls-key go together: give both for a TLS embedded broker, or neither")]
-    BrokerTlsPair,
+    /// Only one of a certificate and its key was given.
+    #[error("{cert} and {key} go together: give both, or neither")]
+    TlsPair {
+        /// The certificate's flag.
+        cert: &'static str,
+        /// The key's flag.
+        key: &'static str,
+    },
     /// An address is not `IP:PORT`.
     #[error("{setting} {value:?} is not an address like 127.0.0.1:7878")]
     Address {
@@ -367,6 +386,22 @@ pub fn parse_duration(setting: &'static str, value: &str) -> Result<Duration, Co
     match Duration::try_from_secs_f64(seconds) {
         Ok(duration) if !duration.is_zero() => Ok(duration),
         _ => Err(invalid()),
+    }
+}
+
+/// A certificate and key given together, or neither.
+fn tls_pair(
+    cert: Option<PathBuf>,
+    key: Option<PathBuf>,
+    flags: (&'static str, &'static str),
+) -> Result<Option<crate::server_tls::ServerTls>, ConfigError> {
+    match (cert, key) {
+        (Some(cert), Some(key)) => Ok(Some(crate::server_tls::ServerTls { cert, key })),
+        (None, None) => Ok(None),
+        _ => Err(ConfigError::TlsPair {
+            cert: flags.0,
+            key: flags.1,
+        }),
     }
 }
 
@@ -453,14 +488,16 @@ impl ServeArgs {
                 client_cert: self.mqtt_client_cert.clone().or(file.mqtt_client_cert),
                 client_key: self.mqtt_client_key.clone().or(file.mqtt_client_key),
             },
-            mqtt_server_tls: match (
+            mqtt_server_tls: tls_pair(
                 self.mqtt_tls_cert.clone().or(file.mqtt_tls_cert),
                 self.mqtt_tls_key.clone().or(file.mqtt_tls_key),
-            ) {
-                (Some(cert), Some(key)) => Some(crate::broker::BrokerTls { cert, key }),
-                (None, None) => None,
-                _ => return Err(ConfigError::BrokerTlsPair),
-            },
+                ("--mqtt-tls-cert", "--mqtt-tls-key"),
+            )?,
+            rest_tls: tls_pair(
+                self.tls_cert.clone().or(file.tls_cert),
+                self.tls_key.clone().or(file.tls_key),
+                ("--tls-cert", "--tls-key"),
+            )?,
             ..defaults
         })
     }

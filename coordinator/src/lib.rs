@@ -29,6 +29,7 @@ pub mod outbox;
 pub mod publisher;
 pub mod registry;
 pub mod scheduler;
+pub mod server_tls;
 pub mod signing;
 pub mod simulate;
 pub mod store;
@@ -74,6 +75,9 @@ pub enum StartError {
     /// The TLS settings for an `mqtts://` broker are unusable.
     #[error(transparent)]
     BrokerTls(#[from] starling_agent::tls::TlsError),
+    /// The REST API's certificate or key is unusable.
+    #[error("{0}; pass PEM files to --tls-cert and --tls-key")]
+    RestTls(#[from] server_tls::ServerTlsError),
     /// The broker did not accept the coordinator's connection.
     #[error("cannot reach the MQTT broker at {url}: {reason}; start it or pass --broker with the right address")]
     BrokerUnreachable {
@@ -199,6 +203,7 @@ impl Shared {
 /// A started coordinator.
 pub struct Running {
     rest_addr: SocketAddr,
+    rest_tls: bool,
     mqtt_url: String,
     public_url: String,
     embedded_broker: bool,
@@ -223,9 +228,11 @@ impl Running {
         self.rest_addr
     }
 
-    /// The REST API's base URL (`http://IP:PORT`), as bound.
+    /// The REST API's base URL (`http://IP:PORT`, or `https://` with
+    /// `--tls-cert`), as bound.
     pub fn rest_url(&self) -> String {
-        format!("http://{}", self.rest_addr)
+        let scheme = if self.rest_tls { "https" } else { "http" };
+        format!("{scheme}://{}", self.rest_addr)
     }
 
     /// The broker's URL (`mqtt://HOST:PORT`): the embedded broker's address or the external one.
@@ -292,14 +299,36 @@ impl Running {
 }
 
 /// The REST address as agents on other hosts may reach it.
-fn default_public_url(rest_addr: SocketAddr) -> String {
+fn default_public_url(rest_addr: SocketAddr, tls: bool) -> String {
+    let scheme = if tls { "https" } else { "http" };
     if rest_addr.ip().is_unspecified() {
         // Bound to every interface: 127.0.0.1 works locally; agents elsewhere
         // need --public-url, which `start` says in a warning.
-        format!("http://127.0.0.1:{}", rest_addr.port())
+        format!("{scheme}://127.0.0.1:{}", rest_addr.port())
     } else {
-        format!("http://{rest_addr}")
+        format!("{scheme}://{rest_addr}")
     }
+}
+
+/// Serves the API over HTTPS until `shutdown` resolves, then lets requests
+/// in flight finish for up to five seconds.
+async fn serve_https(
+    listener: tokio::net::TcpListener,
+    router: axum::Router,
+    tls: Arc<rustls::ServerConfig>,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    let handle = axum_server::Handle::new();
+    let stopper = handle.clone();
+    tokio::spawn(async move {
+        shutdown.await;
+        stopper.graceful_shutdown(Some(Duration::from_secs(5)));
+    });
+    let config = axum_server::tls_rustls::RustlsConfig::from_config(tls);
+    axum_server::from_tcp_rustls(listener.into_std()?, config)?
+        .handle(handle)
+        .serve(router.into_make_service())
+        .await
 }
 
 /// Connects the coordinator's MQTT client and waits for the broker's ConnAck.
@@ -363,11 +392,16 @@ pub async fn start(config: CoordinatorConfig) -> Result<Running, StartError> {
             reason: error.to_string(),
         })?;
 
+    let rest_tls_config = config
+        .rest_tls
+        .as_ref()
+        .map(|tls| tls.rustls_config().map(Arc::new))
+        .transpose()?;
     let public_url = config
         .public_url
         .clone()
         .map(|url| url.trim_end_matches('/').to_string())
-        .unwrap_or_else(|| default_public_url(rest_addr));
+        .unwrap_or_else(|| default_public_url(rest_addr, config.rest_tls.is_some()));
     let longest_artifact_url = format!("{public_url}/api/v1/artifacts/{}", "0".repeat(64));
     if longest_artifact_url.len() > starling_proto::limits::URL_LEN {
         return Err(StartError::PublicUrl {
@@ -498,15 +532,21 @@ pub async fn start(config: CoordinatorConfig) -> Result<Running, StartError> {
         tokio::spawn(liveness::run(shared.clone(), stop_rx.clone())),
     ];
     let router = api::router(shared.clone());
+    let rest_tls = rest_tls_config;
     let mut http_stop = stop_rx;
     tasks.push(tokio::spawn(async move {
         let shutdown = async move {
             let _ = http_stop.wait_for(|stopped| *stopped).await;
         };
-        if let Err(error) = axum::serve(rest_listener, router)
-            .with_graceful_shutdown(shutdown)
-            .await
-        {
+        let served = match rest_tls {
+            None => {
+                axum::serve(rest_listener, router)
+                    .with_graceful_shutdown(shutdown)
+                    .await
+            }
+            Some(tls) => serve_https(rest_listener, router, tls, shutdown).await,
+        };
+        if let Err(error) = served {
             tracing::error!(%error, "REST server stopped");
         }
     }));
@@ -523,6 +563,7 @@ pub async fn start(config: CoordinatorConfig) -> Result<Running, StartError> {
     );
     Ok(Running {
         rest_addr,
+        rest_tls: config.rest_tls.is_some(),
         mqtt_url: address.url(),
         public_url,
         embedded_broker,

@@ -371,6 +371,8 @@ pub struct Coordinator {
     pub process: Process,
     /// The data dir.
     pub dir: TempDir,
+    /// The CA that signed the REST API's certificate, when it serves HTTPS.
+    pub ca_file: Option<PathBuf>,
     program: PathBuf,
     args: Vec<std::ffi::OsString>,
 }
@@ -451,6 +453,7 @@ impl Coordinator {
             token,
             process,
             dir,
+            ca_file: None,
             program,
             args,
         }
@@ -497,7 +500,30 @@ impl Coordinator {
 
     /// Runs the `starling` CLI against this coordinator, as its admin.
     pub fn cli(&self, args: &[&str], stdin: Option<&[u8]>) -> Output {
-        cli_with_token(&self.rest, Some(&self.token), args, stdin)
+        match &self.ca_file {
+            Some(ca) => {
+                let mut with_ca = vec!["--ca-file", ca.to_str().unwrap()];
+                with_ca.extend_from_slice(args);
+                cli_with_token(&self.rest, Some(&self.token), &with_ca, stdin)
+            }
+            None => cli_with_token(&self.rest, Some(&self.token), args, stdin),
+        }
+    }
+
+    /// Starts a coordinator whose REST API serves HTTPS with `pki`'s server
+    /// certificate; the CLI calls, REST helpers and agents of this harness
+    /// trust `pki`'s CA.
+    pub fn start_https(broker: Option<&str>, store: Store, extra: &[&str], pki: &Pki) -> Self {
+        let mut args = vec![
+            "--tls-cert",
+            pki.server_cert.to_str().unwrap(),
+            "--tls-key",
+            pki.server_key.to_str().unwrap(),
+        ];
+        args.extend_from_slice(extra);
+        let mut coordinator = Self::start(broker, store, &args);
+        coordinator.ca_file = Some(pki.ca.clone());
+        coordinator
     }
 
     /// Runs the CLI with `--json` appended, asserts it succeeded, and parses
@@ -529,7 +555,16 @@ impl Coordinator {
             .unwrap();
         runtime.block_on(async {
             let method = reqwest::Method::from_bytes(method.as_bytes()).unwrap();
-            let mut request = reqwest::Client::new()
+            let mut client = reqwest::Client::builder();
+            if let Some(ca) = &self.ca_file {
+                let pem = std::fs::read(ca).unwrap();
+                client = client
+                    .tls_built_in_root_certs(false)
+                    .add_root_certificate(reqwest::Certificate::from_pem(&pem).unwrap());
+            }
+            let mut request = client
+                .build()
+                .unwrap()
                 .request(method, format!("{}{path}", self.rest))
                 .bearer_auth(&self.token);
             if let Some((content_type, bytes)) = body {
@@ -752,6 +787,9 @@ impl Agent {
             "--coordinator-key".into(),
             coordinator.coordinator_key().into(),
         ];
+        if let Some(ca) = &coordinator.ca_file {
+            args.extend(["--coordinator-ca-file".into(), ca.into()]);
+        }
         if !labels.is_empty() {
             args.extend(["--labels".into(), labels.into()]);
         }

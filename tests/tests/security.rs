@@ -482,3 +482,38 @@ fn the_embedded_broker_serves_tls_with_the_given_certificate() {
     assert!(!refused.status.success());
     assert!(stderr.contains("--mqtt-tls-key"), "{stderr}");
 }
+
+#[test]
+fn the_rest_api_serves_https_and_agents_and_the_cli_trust_its_ca() {
+    let pki_dir = tempfile::tempdir().unwrap();
+    let pki = Pki::create(pki_dir.path());
+    let coordinator = Coordinator::start_https(None, Store::Sqlite, &[], &pki);
+    assert!(
+        coordinator.rest.starts_with("https://"),
+        "{}",
+        coordinator.rest
+    );
+    // The agent enrolls over HTTPS and fetches its module from an https URL.
+    let _agent = Agent::start(&coordinator, &coordinator.mqtt, "https-edge", "");
+    coordinator.wait_for_nodes(1, Duration::from_secs(60));
+    let dir = tempfile::tempdir().unwrap();
+    let echo = wasm_file(dir.path(), "echo", modules::ECHO);
+    let task = coordinator.cli_json(
+        &["run", echo.to_str().unwrap(), "--input", "-", "--wait"],
+        Some(b"private"),
+    );
+    assert_eq!(task["output_text"], "echo:private");
+
+    // A CLI that does not trust the CA gets nothing, and says why.
+    let untrusting = cli(&coordinator.rest, &["nodes"], None);
+    assert!(!untrusting.status.success());
+    let stderr = String::from_utf8_lossy(&untrusting.stderr);
+    assert!(stderr.contains("cannot reach the coordinator"), "{stderr}");
+    // Plain HTTP to the HTTPS port gets no API either.
+    let plain = cli(
+        &coordinator.rest.replacen("https://", "http://", 1),
+        &["nodes"],
+        None,
+    );
+    assert!(!plain.status.success());
+}
