@@ -606,6 +606,55 @@ async fn events_are_sent_again_until_acknowledged_and_a_full_journal_refuses_wor
     assert_eq!(journal_counts(data_dir.path()).await, (3, 2));
 }
 
+/// Starts an agent on a runtime of its own, so that dropping the runtime
+/// stops it dead at whatever await it was in, as a kill would (no shutdown
+/// path, no offline status, no journal close); gives it a long counting task
+/// and returns once the task runs, with the runtime and the assignment.
+async fn doomed_agent_running(
+    observer: &mut Observer,
+    config: &AgentConfig,
+    node: &NodeId,
+    task_id: &str,
+    digest: Digest,
+    url: &str,
+) -> (tokio::runtime::Runtime, Assignment) {
+    let topics = Topics::default();
+    let doomed = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    doomed.spawn(starling_agent::run(config.clone(), std::future::pending()));
+    observer
+        .next_on(
+            &topics.node(node, Channel::Capability),
+            Duration::from_secs(30),
+        )
+        .await
+        .expect("no capability");
+    let task = assignment(
+        node,
+        task_id,
+        digest,
+        url,
+        b"",
+        ExecLimits {
+            wall_ms: 120_000,
+            ..ExecLimits::default()
+        },
+    );
+    observer.assign(&topics, node, &task).await;
+    assert_eq!(
+        observer.next_event(&topics, node).await.state,
+        TaskState::Accepted
+    );
+    assert_eq!(
+        observer.next_event(&topics, node).await.state,
+        TaskState::Running
+    );
+    (doomed, task)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_killed_agent_reruns_the_interrupted_attempt_exactly_once() {
     support::logs();
@@ -620,15 +669,8 @@ async fn a_killed_agent_reruns_the_interrupted_attempt_exactly_once() {
     let data_dir = tempfile::tempdir().unwrap();
     let config = config(&broker, &node, data_dir.path());
 
-    // The first agent runs on a runtime of its own, so that dropping the
-    // runtime stops it dead at whatever await it was in, as a kill would:
-    // no shutdown path, no offline status, no journal close.
-    let doomed = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
-    doomed.spawn(starling_agent::run(config.clone(), std::future::pending()));
+    let (doomed, task) =
+        doomed_agent_running(&mut observer, &config, &node, "interrupted", digest, &url).await;
     let status: Status = starling_proto::decode(
         &observer
             .next_on(
@@ -640,33 +682,6 @@ async fn a_killed_agent_reruns_the_interrupted_attempt_exactly_once() {
     )
     .unwrap();
     assert_eq!(status.state, NodeState::Online);
-    observer
-        .next_on(
-            &topics.node(&node, Channel::Capability),
-            Duration::from_secs(30),
-        )
-        .await
-        .expect("no capability");
-    let task = assignment(
-        &node,
-        "interrupted",
-        digest,
-        &url,
-        b"",
-        ExecLimits {
-            wall_ms: 120_000,
-            ..ExecLimits::default()
-        },
-    );
-    observer.assign(&topics, &node, &task).await;
-    assert_eq!(
-        observer.next_event(&topics, &node).await.state,
-        TaskState::Accepted
-    );
-    assert_eq!(
-        observer.next_event(&topics, &node).await.state,
-        TaskState::Running
-    );
     doomed.shutdown_background();
     // The broker announces the death through the last will.
     let status: Status = starling_proto::decode(
@@ -746,39 +761,15 @@ async fn a_node_rebooted_during_a_broker_outage_resumes_its_work_offline() {
     let config = config(&broker, &node, data_dir.path());
     {
         let mut observer = Observer::acking(broker.port, "starling/v1/nodes/rebooted/#").await;
-        let doomed = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .enable_all()
-            .build()
-            .unwrap();
-        doomed.spawn(starling_agent::run(config.clone(), std::future::pending()));
-        observer
-            .next_on(
-                &topics.node(&node, Channel::Capability),
-                Duration::from_secs(30),
-            )
-            .await
-            .expect("no capability");
-        let task = assignment(
+        let (doomed, _) = doomed_agent_running(
+            &mut observer,
+            &config,
             &node,
             "through-the-outage",
             digest,
             &url,
-            b"",
-            ExecLimits {
-                wall_ms: 120_000,
-                ..ExecLimits::default()
-            },
-        );
-        observer.assign(&topics, &node, &task).await;
-        assert_eq!(
-            observer.next_event(&topics, &node).await.state,
-            TaskState::Accepted
-        );
-        assert_eq!(
-            observer.next_event(&topics, &node).await.state,
-            TaskState::Running
-        );
+        )
+        .await;
         // The broker dies, then the node loses power.
         broker.kill();
         doomed.shutdown_background();
