@@ -59,6 +59,11 @@ fn describe(error: &reqwest::Error) -> String {
         text.push_str(&cause.to_string());
         source = cause.source();
     }
+    if text.contains("certificate") {
+        text.push_str(
+            " (for an https:// coordinator, trust its CA with --ca-file / STARLING_CA_FILE)",
+        );
+    }
     text
 }
 

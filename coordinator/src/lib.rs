@@ -532,13 +532,12 @@ pub async fn start(config: CoordinatorConfig) -> Result<Running, StartError> {
         tokio::spawn(liveness::run(shared.clone(), stop_rx.clone())),
     ];
     let router = api::router(shared.clone());
-    let rest_tls = rest_tls_config;
     let mut http_stop = stop_rx;
     tasks.push(tokio::spawn(async move {
         let shutdown = async move {
             let _ = http_stop.wait_for(|stopped| *stopped).await;
         };
-        let served = match rest_tls {
+        let served = match rest_tls_config {
             None => {
                 axum::serve(rest_listener, router)
                     .with_graceful_shutdown(shutdown)

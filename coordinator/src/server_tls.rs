@@ -67,3 +67,45 @@ impl ServerTls {
         Ok(config)
     }
 }
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_good_pair_loads_and_bad_files_name_themselves() {
+        let dir = tempfile::tempdir().unwrap();
+        let pki = starling_tests::Pki::create(dir.path());
+        let good = ServerTls {
+            cert: pki.server_cert.clone(),
+            key: pki.server_key.clone(),
+        };
+        let config = good.rustls_config().unwrap();
+        assert_eq!(config.alpn_protocols, vec![b"http/1.1".to_vec()]);
+
+        let missing = ServerTls {
+            cert: dir.path().join("absent.pem"),
+            ..good.clone()
+        };
+        let error = missing.rustls_config().unwrap_err();
+        assert_eq!(error.path, dir.path().join("absent.pem"));
+
+        // The client's key with the server's certificate: a mismatch.
+        let mismatched = ServerTls {
+            key: pki.client_key.clone(),
+            ..good.clone()
+        };
+        let error = mismatched.rustls_config().unwrap_err();
+        assert_eq!(error.path, pki.client_key);
+        assert!(error.to_string().contains("match"), "{error}");
+
+        // A key file where the certificate should be: no certificate in it.
+        let swapped = ServerTls {
+            cert: pki.server_key.clone(),
+            ..good
+        };
+        let error = swapped.rustls_config().unwrap_err();
+        assert!(error.to_string().contains("no PEM certificate"), "{error}");
+    }
+}

@@ -509,6 +509,7 @@ fn the_rest_api_serves_https_and_agents_and_the_cli_trust_its_ca() {
     assert!(!untrusting.status.success());
     let stderr = String::from_utf8_lossy(&untrusting.stderr);
     assert!(stderr.contains("cannot reach the coordinator"), "{stderr}");
+    assert!(stderr.contains("--ca-file"), "{stderr}");
     // Plain HTTP to the HTTPS port gets no API either.
     let plain = cli(
         &coordinator.rest.replacen("https://", "http://", 1),
