@@ -8,6 +8,7 @@
 //! simulator ([`sim`]) run the very same policy code.
 
 pub mod estimate;
+pub mod learned;
 pub mod model;
 pub mod policy;
 pub mod sim;
@@ -18,6 +19,6 @@ pub use model::{
     QueueState, TaskClass, REFERENCE_CORE_GFLOPS,
 };
 pub use policy::{
-    policy_by_name, Alternative, Decision, Explanation, Outcome, Policy, UnknownPolicy,
+    policy_by_name, Alternative, Decision, Explanation, Outcome, Policy, PolicyError, UnknownPolicy,
     POLICY_NAMES,
 };

@@ -167,7 +167,8 @@ struct Group {
 }
 
 /// Candidate index over a view: hardware groups with lazily updated heaps.
-struct Index {
+/// The learned policies shortlist their candidates with it too.
+pub(crate) struct Index {
     groups: Vec<Group>,
     group_of: Vec<usize>,
     version: Vec<u32>,
@@ -211,7 +212,7 @@ fn profile_hash(node: &NodeView) -> u64 {
 }
 
 impl Index {
-    fn build(round: &Round<'_>) -> Self {
+    pub(crate) fn build(round: &Round<'_>) -> Self {
         let nodes = &round.view.nodes;
         let mut by_hash: HashMap<u64, usize> = HashMap::new();
         let mut groups: Vec<Group> = Vec::new();
@@ -264,7 +265,7 @@ impl Index {
 
     /// Marks a node's entries stale after a placement changed its load, and
     /// re-files it.
-    fn update(&mut self, round: &Round<'_>, node: usize) {
+    pub(crate) fn update(&mut self, round: &Round<'_>, node: usize) {
         if let Some(version) = self.version.get_mut(node) {
             *version = version.wrapping_add(1);
         }
@@ -273,7 +274,7 @@ impl Index {
 
     /// The least-waiting compatible nodes of every group that passes the static
     /// filters for `task`.
-    fn candidates(
+    pub(crate) fn candidates(
         &mut self,
         round: &Round<'_>,
         task: &PendingTask,
@@ -377,7 +378,9 @@ fn best_deadline(task: &PendingTask) -> f64 {
 }
 
 /// The task's urgency order: priority first, then slack, then submission.
-fn order(view: &ClusterView, queue: &[PendingTask]) -> Vec<usize> {
+/// The order tasks are served in: priority (higher first), then deadline slack
+/// (least first), then submission.
+pub(crate) fn order(view: &ClusterView, queue: &[PendingTask]) -> Vec<usize> {
     let now = view.now_ms as f64;
     let slack = |task: &PendingTask| match task.deadline_ms {
         Some(deadline) => deadline as f64 - now - task.work * 1000.0,

@@ -13,6 +13,7 @@ mod heuristic;
 use serde::{Deserialize, Serialize};
 
 use crate::estimate::{self, FilterTally};
+use crate::learned::{shipped, LearnedKind, LearnedPolicy, ModelError, ModelFile};
 use crate::model::{ClusterView, NodeLoad, NodeView, PendingTask};
 
 pub use baselines::{
@@ -20,6 +21,7 @@ pub use baselines::{
     StaticOptimisationPolicy,
 };
 pub use heuristic::{HeuristicPolicy, HeuristicTuning, SearchMode};
+pub(crate) use heuristic::{order, Index};
 
 /// A placement strategy.
 pub trait Policy: Send {
@@ -96,6 +98,8 @@ pub const POLICY_NAMES: &[&str] = &[
     "kubernetes",
     "earliest-finish",
     "static-optimisation",
+    "hirl",
+    "ddqn",
 ];
 
 /// A policy name that is not in [`POLICY_NAMES`].
@@ -108,17 +112,48 @@ pub struct UnknownPolicy {
     pub valid: Vec<String>,
 }
 
-/// Builds a policy by name; `seed` feeds the policies that draw random numbers.
-pub fn policy_by_name(name: &str, seed: u64) -> Result<Box<dyn Policy>, UnknownPolicy> {
-    policy_with_tuning(name, seed, &HeuristicTuning::default())
+/// Why a policy could not be built.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum PolicyError {
+    /// No policy has that name.
+    #[error(transparent)]
+    Unknown(#[from] UnknownPolicy),
+    /// A learned policy's model is unusable.
+    #[error("policy {policy}: {error}")]
+    Model {
+        /// The policy.
+        policy: &'static str,
+        /// What is wrong with its model.
+        #[source]
+        error: ModelError,
+    },
 }
 
-/// Like [`policy_by_name`], with explicit knobs for the heuristic.
+/// Builds a policy by name; `seed` feeds the policies that draw random numbers.
+/// The learned policies (`hirl`, `ddqn`) run the models shipped with Starling.
+pub fn policy_by_name(name: &str, seed: u64) -> Result<Box<dyn Policy>, PolicyError> {
+    policy_with_tuning(name, seed, &HeuristicTuning::default(), &[])
+}
+
+/// Like [`policy_by_name`], with explicit knobs for the heuristic and models for
+/// the learned policies: a model in `models` for the policy asked for replaces
+/// the shipped one.
 pub fn policy_with_tuning(
     name: &str,
     seed: u64,
     tuning: &HeuristicTuning,
-) -> Result<Box<dyn Policy>, UnknownPolicy> {
+    models: &[ModelFile],
+) -> Result<Box<dyn Policy>, PolicyError> {
+    if let Some(kind) = LearnedKind::from_name(name) {
+        let model = match models.iter().find(|model| model.policy == kind) {
+            Some(model) => model.clone(),
+            None => shipped(kind).map_err(|error| PolicyError::Model {
+                policy: kind.as_str(),
+                error,
+            })?,
+        };
+        return Ok(Box::new(LearnedPolicy::new(&model, seed)));
+    }
     let policy: Box<dyn Policy> = match name.trim().to_ascii_lowercase().as_str() {
         "heuristic" => Box::new(HeuristicPolicy::with_tuning(
             SearchMode::Indexed,
@@ -140,7 +175,8 @@ pub fn policy_with_tuning(
             return Err(UnknownPolicy {
                 name: name.to_owned(),
                 valid: POLICY_NAMES.iter().map(|name| (*name).to_owned()).collect(),
-            })
+            }
+            .into())
         }
     };
     Ok(policy)

@@ -12,6 +12,7 @@ use std::cmp::Reverse;
 use std::collections::{BinaryHeap, VecDeque};
 
 use crate::estimate;
+use crate::learned::{Fate, TaskOutcome};
 use crate::model::{ClusterView, NodeLoad, PendingTask};
 use crate::policy::{Outcome, Policy};
 use crate::sim::report::PolicyRow;
@@ -78,9 +79,39 @@ struct Engine<'a> {
     row: PolicyRow,
     latencies_ms: Vec<f64>,
     energy_joules: f64,
+    /// Energy each task's current attempt has drawn, joules.
+    task_energy: Vec<f64>,
+    /// Whether each task's fate has been told to the observer.
+    resolved: Vec<bool>,
+    observer: &'a mut dyn FnMut(TaskOutcome),
 }
 
 impl<'a> Engine<'a> {
+    /// Tells the observer what became of a task (or of one of its attempts).
+    fn tell(&mut self, task: usize, fate: Fate, latency_ms: f64) {
+        let Some(pending) = self.task(task) else {
+            return;
+        };
+        let energy_joules = self.task_energy.get(task).copied().unwrap_or(0.0);
+        if let Some(energy) = self.task_energy.get_mut(task) {
+            *energy = 0.0;
+        }
+        if fate != Fate::AttemptLost {
+            if let Some(resolved) = self.resolved.get_mut(task) {
+                *resolved = true;
+            }
+        }
+        (self.observer)(TaskOutcome {
+            task_key: pending.key,
+            fate,
+            latency_ms,
+            budget_ms: pending
+                .deadline_ms
+                .map(|deadline| deadline as f64 - pending.submitted_ms as f64),
+            energy_joules,
+        });
+    }
+
     fn schedule(&mut self, at_ms: f64, event: Event) {
         self.sequence += 1;
         self.events
@@ -206,6 +237,7 @@ impl<'a> Engine<'a> {
                 .is_some_and(|deadline| (deadline as f64) < now);
             if expired {
                 self.row.dropped += 1;
+                self.tell(index, Fate::Lost, 0.0);
             } else {
                 kept.push(index);
             }
@@ -341,7 +373,11 @@ impl<'a> Engine<'a> {
         } else {
             state.free_lanes += placed.lanes;
         }
-        self.energy_joules += self.energy_of(node, &placed, 1.0);
+        let energy = self.energy_of(node, &placed, 1.0);
+        self.energy_joules += energy;
+        if let Some(spent) = self.task_energy.get_mut(task) {
+            *spent += energy;
+        }
         let output_s = match (self.view.nodes.get(node), self.task(task)) {
             (Some(view), Some(pending)) => {
                 let mut view = view.clone();
@@ -379,13 +415,19 @@ impl<'a> Engine<'a> {
         for placed in lost {
             if let Some(started) = placed.started_ms {
                 let fraction = ((now - started) / 1000.0 / placed.run_s.max(1e-9)).clamp(0.0, 1.0);
-                self.energy_joules += self.energy_of(node, &placed, fraction);
+                let energy = self.energy_of(node, &placed, fraction);
+                self.energy_joules += energy;
+                if let Some(spent) = self.task_energy.get_mut(placed.task) {
+                    *spent += energy;
+                }
             }
             self.row.failed_attempts += 1;
+            self.tell(placed.task, Fate::AttemptLost, 0.0);
             if let Some(attempts) = self.attempts.get_mut(placed.task) {
                 *attempts += 1;
                 if *attempts >= self.config.max_attempts {
                     self.row.failed += 1;
+                    self.tell(placed.task, Fate::Lost, 0.0);
                     continue;
                 }
             }
@@ -411,15 +453,19 @@ impl<'a> Engine<'a> {
         if on_time {
             self.row.on_time += 1;
         }
+        let fate = if on_time { Fate::OnTime } else { Fate::Late };
+        self.tell(task, fate, latency);
     }
 }
 
-/// Runs one policy over one environment and returns its table row.
+/// Runs one policy over one environment and returns its table row, telling
+/// `observer` each task's fate (and each attempt lost) as it happens.
 pub(crate) fn simulate(
     config: &SimConfig,
     env: &Environment,
     policy: &mut dyn Policy,
     stopwatch: &mut dyn Stopwatch,
+    observer: &mut dyn FnMut(TaskOutcome),
 ) -> PolicyRow {
     let nodes = env
         .nodes
@@ -451,6 +497,9 @@ pub(crate) fn simulate(
         },
         latencies_ms: Vec::with_capacity(env.tasks.len()),
         energy_joules: 0.0,
+        task_energy: vec![0.0; env.tasks.len()],
+        resolved: vec![false; env.tasks.len()],
+        observer,
     };
     for (index, task) in env.tasks.iter().enumerate() {
         engine.schedule(task.submitted_ms as f64, Event::Arrival(index));
@@ -497,6 +546,11 @@ pub(crate) fn simulate(
         .tasks
         .saturating_sub(engine.row.completed + engine.row.failed + engine.row.dropped);
     engine.row.dropped += unfinished;
+    for task in 0..env.tasks.len() {
+        if !engine.resolved.get(task).copied().unwrap_or(true) {
+            engine.tell(task, Fate::Lost, 0.0);
+        }
+    }
     engine
         .row
         .finish(&mut engine.latencies_ms, engine.energy_joules);

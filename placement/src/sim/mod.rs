@@ -16,10 +16,12 @@ mod workload;
 
 use serde::{Deserialize, Serialize};
 
-use crate::policy::UnknownPolicy;
+use crate::learned::ModelFile;
+use crate::policy::PolicyError;
 
 pub use report::{LoadReport, PolicyRow, SimReport};
 pub use scale::{scale, ScaleConfig, ScaleReport, ScaleRow};
+pub(crate) use workload::normal;
 
 /// A source of elapsed time, injected by the caller.
 pub trait Stopwatch {
@@ -127,6 +129,10 @@ pub struct SimConfig {
     pub max_attempts: u32,
     /// The heuristic's knobs.
     pub heuristic: crate::policy::HeuristicTuning,
+    /// Models for the learned policies, replacing the shipped ones (not written
+    /// into reports: the training record in each model says where it came from).
+    #[serde(skip)]
+    pub models: Vec<ModelFile>,
 }
 
 impl Default for SimConfig {
@@ -148,6 +154,7 @@ impl Default for SimConfig {
             task_mix: TaskMix::default(),
             max_attempts: 3,
             heuristic: crate::policy::HeuristicTuning::default(),
+            models: Vec::new(),
         }
     }
 }
@@ -168,9 +175,9 @@ pub struct SimProgress {
 /// Why a simulation or a scale benchmark could not run.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum SimError {
-    /// A policy name is not known.
+    /// A policy name is not known, or its model is unusable.
     #[error(transparent)]
-    UnknownPolicy(#[from] UnknownPolicy),
+    Policy(#[from] PolicyError),
     /// A setting is out of range.
     #[error("invalid simulator setting: {0}")]
     InvalidConfig(String),
@@ -239,7 +246,7 @@ pub fn run(
     config.validate()?;
     // Check every name before the first (long) run.
     for name in &config.policies {
-        crate::policy::policy_by_name(name, config.seed)?;
+        crate::policy::policy_with_tuning(name, config.seed, &config.heuristic, &config.models)?;
     }
     let total_runs = config.loads.len() * config.policies.len();
     let mut finished_runs = 0;
@@ -249,8 +256,14 @@ pub fn run(
         let mut rows = Vec::with_capacity(config.policies.len());
         for name in &config.policies {
             let mut policy =
-                crate::policy::policy_with_tuning(name, config.seed, &config.heuristic)?;
-            let row = engine::simulate(config, &environment, policy.as_mut(), stopwatch);
+                crate::policy::policy_with_tuning(name, config.seed, &config.heuristic, &config.models)?;
+            let row = engine::simulate(
+                config,
+                &environment,
+                policy.as_mut(),
+                stopwatch,
+                &mut |_| {},
+            );
             rows.push(row);
             finished_runs += 1;
             progress(SimProgress {
@@ -272,6 +285,28 @@ pub fn run(
         config: config.clone(),
         loads,
     })
+}
+
+/// Runs one policy through the world `config` and `load` generate (the first
+/// load level's streams), telling `observer` each task's fate as it happens: an
+/// episode for the learned policies' trainer, which varies `config.seed` to see
+/// a new world each time.
+pub fn episode(
+    config: &SimConfig,
+    load: &LoadLevel,
+    policy: &mut dyn crate::policy::Policy,
+    stopwatch: &mut dyn Stopwatch,
+    observer: &mut dyn FnMut(crate::learned::TaskOutcome),
+) -> Result<PolicyRow, SimError> {
+    config.validate()?;
+    let environment = workload::Environment::generate(config, 0, load);
+    Ok(engine::simulate(
+        config,
+        &environment,
+        policy,
+        stopwatch,
+        observer,
+    ))
 }
 
 #[cfg(test)]
@@ -337,7 +372,7 @@ mod tests {
         let mut config = tiny();
         config.policies.push("oracle".into());
         let error = run(&config, &mut stopwatch, &mut |_| {}).unwrap_err();
-        assert!(matches!(error, SimError::UnknownPolicy(_)), "{error}");
+        assert!(matches!(error, SimError::Policy(PolicyError::Unknown(_))), "{error}");
         let mut config = tiny();
         config.duration_s = -1.0;
         let error = run(&config, &mut stopwatch, &mut |_| {}).unwrap_err();
@@ -368,6 +403,7 @@ mod tests {
             pending: 25,
             seed: 3,
             policies: vec!["least-loaded".into(), "heuristic".into()],
+            ..ScaleConfig::default()
         };
         let report = scale(&config, &mut stopwatch, &mut |_| {}).unwrap();
         assert_eq!(report.rows.len(), 4);

@@ -8,7 +8,7 @@ use rand_chacha::ChaCha8Rng;
 use serde::{Deserialize, Serialize};
 
 use crate::model::{ClusterView, PendingTask};
-use crate::policy::{policy_by_name, Outcome};
+use crate::policy::{policy_with_tuning, HeuristicTuning, Outcome};
 use crate::sim::profiles::standard_profiles;
 use crate::sim::workload::Environment;
 use crate::sim::{LoadLevel, SimConfig, SimError, SimProgress, Stopwatch};
@@ -24,6 +24,9 @@ pub struct ScaleConfig {
     pub seed: u64,
     /// Policies to time; include `least-loaded` to get ratios.
     pub policies: Vec<String>,
+    /// Models for the learned policies, replacing the shipped ones.
+    #[serde(skip)]
+    pub models: Vec<crate::learned::ModelFile>,
 }
 
 impl Default for ScaleConfig {
@@ -36,6 +39,7 @@ impl Default for ScaleConfig {
                 .iter()
                 .map(|name| (*name).to_owned())
                 .collect(),
+            models: Vec::new(),
         }
     }
 }
@@ -146,7 +150,7 @@ pub fn scale(
         ));
     }
     for name in &config.policies {
-        policy_by_name(name, config.seed)?;
+        policy_with_tuning(name, config.seed, &HeuristicTuning::default(), &config.models)?;
     }
     // Tasks come from the simulator's own generator, so the mix is the same.
     let sim_config = SimConfig {
@@ -188,7 +192,8 @@ pub fn scale(
             .collect();
         let mut size_rows = Vec::new();
         for name in &config.policies {
-            let mut policy = policy_by_name(name, config.seed)?;
+            let mut policy =
+                policy_with_tuning(name, config.seed, &HeuristicTuning::default(), &config.models)?;
             let started = stopwatch.now_ns();
             let decisions = policy.decide(&view, &queue);
             let elapsed = stopwatch.now_ns().saturating_sub(started);

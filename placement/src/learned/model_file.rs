@@ -1,0 +1,281 @@
+//! The model file: a trained policy's networks with the feature layout they
+//! expect, in a small versioned JSON document.
+//!
+//! ```json
+//! { "format": "starling-model", "version": 1, "policy": "hirl",
+//!   "layout": "starling-placement-features/1", "features": ["task.class.cpu", ...],
+//!   "networks": { "placement": { "layers": [...] }, "power": { "layers": [...] } },
+//!   "training": { "seed": 42, "devices": 20, ... } }
+//! ```
+//!
+//! Loading checks everything a forward pass relies on, so a model that loads
+//! cannot misread a vector: the format and version, the layout name *and* the
+//! feature names in order (a renamed or reordered feature is a different layout),
+//! each network's input size against the layout, and every weight.
+
+use serde::{Deserialize, Serialize};
+
+use crate::learned::features::{self, FEATURES, LAYOUT};
+use crate::learned::network::{Mlp, ShapeError};
+
+/// The `format` every model file carries.
+pub const MODEL_FORMAT: &str = "starling-model";
+/// The model file version this build reads and writes.
+pub const MODEL_VERSION: u32 = 1;
+
+/// Which learned policy a model drives.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LearnedKind {
+    /// HiRL's hierarchy: a DDQN picks the device, a TD3 actor its power level.
+    Hirl,
+    /// The paper's main comparison: one DDQN picks (device, power level) jointly.
+    Ddqn,
+}
+
+impl LearnedKind {
+    /// Both kinds.
+    pub const ALL: [LearnedKind; 2] = [LearnedKind::Hirl, LearnedKind::Ddqn];
+
+    /// The policy's registry name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            LearnedKind::Hirl => "hirl",
+            LearnedKind::Ddqn => "ddqn",
+        }
+    }
+
+    /// The kind whose registry name is `name`, if any.
+    pub fn from_name(name: &str) -> Option<LearnedKind> {
+        match name.trim().to_ascii_lowercase().as_str() {
+            "hirl" => Some(LearnedKind::Hirl),
+            "ddqn" => Some(LearnedKind::Ddqn),
+            _ => None,
+        }
+    }
+}
+
+/// A policy's networks.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Networks {
+    /// The placement Q-network: one candidate's features in, its value out. For
+    /// `hirl` a candidate is a node (seen at full power); for `ddqn` a (node, power
+    /// level) pair.
+    pub placement: Mlp,
+    /// HiRL's power actor (TD3): the chosen node's features in, the speed fraction
+    /// to run at out (0..1, mapped to the lowest level at least that fast).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub power: Option<Mlp>,
+}
+
+/// How a model was trained: what `starling-coordinator train` was asked and
+/// what it measured, so a model can be reproduced and judged.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct TrainingInfo {
+    /// Seed of the simulated worlds and the networks' initial weights.
+    pub seed: u64,
+    /// Offered loads trained at (fractions of capacity).
+    pub loads: Vec<f64>,
+    /// Devices in the training fleet.
+    pub devices: usize,
+    /// Simulated episodes.
+    pub episodes: u32,
+    /// Gradient steps of the placement network.
+    pub steps: u64,
+    /// Wall time the training took, seconds.
+    pub seconds: f64,
+    /// Deadline completion of the final greedy evaluation.
+    pub on_time_rate: f64,
+    /// The command that reproduces the model.
+    pub command: String,
+}
+
+/// A trained policy as stored.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ModelFile {
+    /// Always [`MODEL_FORMAT`].
+    pub format: String,
+    /// The file format's version ([`MODEL_VERSION`]).
+    pub version: u32,
+    /// Which policy it drives.
+    pub policy: LearnedKind,
+    /// The feature layout's name and version ([`LAYOUT`]).
+    pub layout: String,
+    /// The features, in the order the networks read them.
+    pub features: Vec<String>,
+    /// The networks.
+    pub networks: Networks,
+    /// How it was trained.
+    #[serde(default)]
+    pub training: TrainingInfo,
+}
+
+/// Why a model file cannot be used.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum ModelError {
+    /// Not JSON, or not the model file's shape.
+    #[error("not a readable model file: {0}")]
+    Parse(String),
+    /// Some other kind of document.
+    #[error("not a Starling model file (format {found:?}, expected {MODEL_FORMAT:?})")]
+    Format {
+        /// The `format` found.
+        found: String,
+    },
+    /// A file version this build does not read.
+    #[error("model file version {found} is not supported (this build reads version {MODEL_VERSION}); retrain it with this build's `starling-coordinator train`")]
+    Version {
+        /// The version found.
+        found: u32,
+    },
+    /// Trained on another feature layout.
+    #[error("model expects feature layout {found:?} ({found_count} features{difference}), but this build computes {LAYOUT:?} ({FEATURES} features); retrain it with this build's `starling-coordinator train`")]
+    Layout {
+        /// The layout the model names.
+        found: String,
+        /// How many features the model lists.
+        found_count: usize,
+        /// The first feature that differs, as a phrase (may be empty).
+        difference: String,
+    },
+    /// A network is missing or malformed.
+    #[error("network {network:?}: {what}")]
+    Network {
+        /// Which network.
+        network: &'static str,
+        /// What is wrong.
+        what: String,
+    },
+    /// The model drives another policy than the one asked for.
+    #[error("the model drives policy {found:?}, not {wanted:?}")]
+    Kind {
+        /// The policy asked for.
+        wanted: &'static str,
+        /// The policy the model drives.
+        found: &'static str,
+    },
+}
+
+impl ModelFile {
+    /// A model of `kind` on this build's layout.
+    pub fn new(kind: LearnedKind, networks: Networks, training: TrainingInfo) -> Self {
+        Self {
+            format: MODEL_FORMAT.to_owned(),
+            version: MODEL_VERSION,
+            policy: kind,
+            layout: LAYOUT.to_owned(),
+            features: features::names(),
+            networks,
+            training,
+        }
+    }
+
+    /// Reads and checks a model file's text.
+    pub fn from_json(text: &str) -> Result<Self, ModelError> {
+        // The header first, so that a file of another version or layout is named
+        // as such rather than as a parse error in a field that moved.
+        #[derive(Deserialize)]
+        struct Header {
+            format: Option<String>,
+            version: Option<u32>,
+        }
+        let header: Header =
+            serde_json::from_str(text).map_err(|error| ModelError::Parse(error.to_string()))?;
+        let format = header.format.unwrap_or_default();
+        if format != MODEL_FORMAT {
+            return Err(ModelError::Format { found: format });
+        }
+        match header.version {
+            Some(MODEL_VERSION) => {}
+            found => {
+                return Err(ModelError::Version {
+                    found: found.unwrap_or(0),
+                })
+            }
+        }
+        let model: ModelFile =
+            serde_json::from_str(text).map_err(|error| ModelError::Parse(error.to_string()))?;
+        model.validate()?;
+        Ok(model)
+    }
+
+    /// The file's text (pretty JSON: small, and diffs stay readable).
+    pub fn to_json(&self) -> String {
+        serde_json::to_string_pretty(self).unwrap_or_default()
+    }
+
+    /// Checks the layout and the networks (see the module docs).
+    pub fn validate(&self) -> Result<(), ModelError> {
+        let expected = features::names();
+        if self.layout != LAYOUT || self.features != expected {
+            let difference = self
+                .features
+                .iter()
+                .zip(&expected)
+                .position(|(found, wanted)| found != wanted)
+                .map(|index| {
+                    format!(
+                        "; feature {index} is {:?} where this build has {:?}",
+                        self.features[index], expected[index]
+                    )
+                })
+                .unwrap_or_default();
+            return Err(ModelError::Layout {
+                found: self.layout.clone(),
+                found_count: self.features.len(),
+                difference,
+            });
+        }
+        let check = |network: &'static str, mlp: &Mlp| -> Result<(), ModelError> {
+            mlp.validate().map_err(|error: ShapeError| ModelError::Network {
+                network,
+                what: error.to_string(),
+            })?;
+            if mlp.inputs() != FEATURES || mlp.outputs() != 1 {
+                return Err(ModelError::Network {
+                    network,
+                    what: format!(
+                        "takes {} inputs and gives {} outputs; the layout needs {FEATURES} in and 1 out",
+                        mlp.inputs(),
+                        mlp.outputs()
+                    ),
+                });
+            }
+            Ok(())
+        };
+        check("placement", &self.networks.placement)?;
+        match (self.policy, &self.networks.power) {
+            (LearnedKind::Hirl, Some(power)) => check("power", power)?,
+            (LearnedKind::Hirl, None) => {
+                return Err(ModelError::Network {
+                    network: "power",
+                    what: "missing: a hirl model needs its power actor".to_owned(),
+                })
+            }
+            (LearnedKind::Ddqn, _) => {}
+        }
+        Ok(())
+    }
+
+    /// Checks that the model drives `kind`.
+    pub fn expect_kind(&self, kind: LearnedKind) -> Result<(), ModelError> {
+        if self.policy == kind {
+            Ok(())
+        } else {
+            Err(ModelError::Kind {
+                wanted: kind.as_str(),
+                found: self.policy.as_str(),
+            })
+        }
+    }
+}
+
+/// The trained models shipped with Starling for the standard device profiles
+/// (`placement/models/`), reproducible with the command each records.
+pub fn shipped(kind: LearnedKind) -> Result<ModelFile, ModelError> {
+    let text = match kind {
+        LearnedKind::Hirl => include_str!("../../models/hirl.json"),
+        LearnedKind::Ddqn => include_str!("../../models/ddqn.json"),
+    };
+    ModelFile::from_json(text)
+}

@@ -1,0 +1,324 @@
+//! The learned policies behind the [`Policy`] trait: HiRL's hierarchy and the
+//! single-DDQN baseline, with the exploration and recording the trainer uses.
+
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+
+use crate::estimate::FilterTally;
+use crate::learned::features::{self, FEATURES};
+use crate::learned::model_file::{LearnedKind, ModelFile};
+use crate::learned::network::{Mlp, Scratch};
+use crate::model::{ClusterView, NodeView, PendingTask};
+use crate::policy::{
+    hold, order, Alternative, Candidate, Decision, Explanation, Index, Outcome, Policy, Round,
+    ALTERNATIVES_SHOWN,
+};
+
+/// Least-waiting nodes taken from each hardware group for the shortlist.
+const FROM_EACH_GROUP: usize = 3;
+/// Nodes drawn at random on top of the groups' best.
+const RANDOM_SAMPLE: usize = 6;
+
+/// How a policy explores while it trains (off when it serves).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Exploration {
+    /// Chance of placing on a random shortlisted candidate instead of the best.
+    pub epsilon: f64,
+    /// Standard deviation of the Gaussian noise added to the power actor's output.
+    pub power_noise: f64,
+}
+
+/// One decision as the trainer needs it: what the network saw and what it did.
+#[derive(Debug, Clone, PartialEq)]
+pub struct DecisionRecord {
+    /// The task's key.
+    pub task_key: u64,
+    /// Every candidate's features, `count × FEATURES`, in shortlist order.
+    pub candidates: Vec<f32>,
+    /// Which candidate was taken.
+    pub chosen: usize,
+    /// HiRL: the power actor's action (its state is the chosen candidate's
+    /// features), noise included.
+    pub power_action: Option<f32>,
+}
+
+impl DecisionRecord {
+    /// The chosen candidate's features.
+    pub fn chosen_features(&self) -> &[f32] {
+        let start = self.chosen * FEATURES;
+        self.candidates.get(start..start + FEATURES).unwrap_or(&[])
+    }
+
+    /// How many candidates there were.
+    pub fn candidate_count(&self) -> usize {
+        self.candidates.len() / FEATURES
+    }
+}
+
+/// The power level HiRL's actor asks for: the lowest level at least as fast as
+/// `speed_fraction` of the node's highest (the top level when none is).
+pub fn level_for_speed(node: &NodeView, speed_fraction: f32) -> u8 {
+    let wanted = f64::from(speed_fraction.clamp(0.0, 1.0));
+    node.power_levels
+        .iter()
+        .position(|level| level.speed_factor + 1e-6 >= wanted)
+        .and_then(|index| u8::try_from(index).ok())
+        .unwrap_or_else(|| node.top_power_level())
+}
+
+/// A learned placement policy: `hirl` (DDQN placement, then TD3 power) or `ddqn`
+/// (one DDQN over (node, level) pairs).
+///
+/// Hard constraints are never learned: only candidates that pass every filter
+/// are scored, so a learned policy can place badly but never illegally.
+#[derive(Debug, Clone)]
+pub struct LearnedPolicy {
+    kind: LearnedKind,
+    placement: Mlp,
+    power: Option<Mlp>,
+    rng: ChaCha8Rng,
+    scratch: Scratch,
+    exploration: Option<Exploration>,
+    recording: bool,
+    records: Vec<DecisionRecord>,
+}
+
+impl LearnedPolicy {
+    /// A policy driven by a checked model; `seed` feeds the shortlist's sample.
+    pub fn new(model: &ModelFile, seed: u64) -> Self {
+        Self::from_networks(
+            model.policy,
+            model.networks.placement.clone(),
+            model.networks.power.clone(),
+            seed,
+        )
+    }
+
+    /// A policy from bare networks (the trainer's, between updates). The networks
+    /// must take [`FEATURES`] inputs; HiRL without a power network runs at full power.
+    pub fn from_networks(kind: LearnedKind, placement: Mlp, power: Option<Mlp>, seed: u64) -> Self {
+        Self {
+            kind,
+            placement,
+            power,
+            rng: ChaCha8Rng::seed_from_u64(seed ^ 0x6c65_6172_6e),
+            scratch: Scratch::default(),
+            exploration: None,
+            recording: false,
+            records: Vec::new(),
+        }
+    }
+
+    /// Replaces the networks (the trainer, after an update).
+    pub fn set_networks(&mut self, placement: Mlp, power: Option<Mlp>) {
+        self.placement = placement;
+        self.power = power;
+    }
+
+    /// Turns exploration on (`Some`) or off.
+    pub fn set_exploration(&mut self, exploration: Option<Exploration>) {
+        self.exploration = exploration;
+    }
+
+    /// Turns recording of decisions on or off.
+    pub fn set_recording(&mut self, recording: bool) {
+        self.recording = recording;
+    }
+
+    /// The decisions recorded since the last call, in decision order.
+    pub fn take_records(&mut self) -> Vec<DecisionRecord> {
+        std::mem::take(&mut self.records)
+    }
+
+    /// Which policy this is.
+    pub fn kind(&self) -> LearnedKind {
+        self.kind
+    }
+
+    fn levels(&self, node: &NodeView) -> core::ops::RangeInclusive<u8> {
+        let top = node.top_power_level();
+        match self.kind {
+            LearnedKind::Hirl => top..=top,
+            LearnedKind::Ddqn => 0..=top,
+        }
+    }
+
+    /// Evaluates the candidates on `nodes`, appending them and their features.
+    fn gather(
+        &self,
+        round: &Round<'_>,
+        task: &PendingTask,
+        nodes: &[usize],
+        tally: &mut FilterTally,
+        candidates: &mut Vec<Candidate>,
+        feats: &mut Vec<f32>,
+    ) {
+        for &index in nodes {
+            let Some((node, load)) = round.node(index) else {
+                continue;
+            };
+            for level in self.levels(node) {
+                if let Some(candidate) = round.evaluate(index, task, level, tally) {
+                    candidates.push(candidate);
+                    feats.extend_from_slice(&features::candidate(
+                        node,
+                        load,
+                        task,
+                        level,
+                        round.now_ms,
+                    ));
+                }
+            }
+        }
+    }
+}
+
+impl Policy for LearnedPolicy {
+    fn name(&self) -> &'static str {
+        self.kind.as_str()
+    }
+
+    fn decide(&mut self, view: &ClusterView, queue: &[PendingTask]) -> Vec<Decision> {
+        let name = self.name();
+        let mut round = Round::new(view);
+        let mut index = Index::build(&round);
+        let mut decisions: Vec<Option<Decision>> = vec![None; queue.len()];
+        let count = view.nodes.len();
+        let mut shortlist = Vec::new();
+        let mut candidates = Vec::new();
+        let mut feats = Vec::new();
+        for position in order(view, queue) {
+            let task = &queue[position];
+            let mut tally = FilterTally::default();
+            shortlist.clear();
+            candidates.clear();
+            feats.clear();
+            index.candidates(&round, task, FROM_EACH_GROUP, &mut shortlist);
+            if count > 0 {
+                for _ in 0..RANDOM_SAMPLE {
+                    shortlist.push(self.rng.random_range(0..count));
+                }
+            }
+            shortlist.sort_unstable();
+            shortlist.dedup();
+            self.gather(&round, task, &shortlist, &mut tally, &mut candidates, &mut feats);
+            if candidates.is_empty() {
+                // The shortlist can miss the only nodes that fit; look at all.
+                tally = FilterTally::default();
+                let all: Vec<usize> = (0..count).collect();
+                self.gather(&round, task, &all, &mut tally, &mut candidates, &mut feats);
+            }
+            if candidates.is_empty() {
+                decisions[position] = Some(hold(task, name, &tally));
+                continue;
+            }
+            for (candidate, row) in candidates.iter_mut().zip(feats.chunks_exact(FEATURES)) {
+                candidate.score = f64::from(self.placement.forward1(row, &mut self.scratch));
+            }
+            let best = candidates
+                .iter()
+                .enumerate()
+                .max_by(|(a_index, a), (b_index, b)| {
+                    a.score.total_cmp(&b.score).then(b_index.cmp(a_index))
+                })
+                .map_or(0, |(position, _)| position);
+            let mut chosen = best;
+            let mut explored = false;
+            if let Some(exploration) = self.exploration {
+                if self.rng.random_bool(exploration.epsilon.clamp(0.0, 1.0)) {
+                    chosen = self.rng.random_range(0..candidates.len());
+                    explored = chosen != best;
+                }
+            }
+            let Some(mut picked) = candidates.get(chosen).copied() else {
+                decisions[position] = Some(hold(task, name, &tally));
+                continue;
+            };
+            let chosen_features = feats
+                .get(chosen * FEATURES..(chosen + 1) * FEATURES)
+                .unwrap_or(&[]);
+            let mut power_action = None;
+            if let (LearnedKind::Hirl, Some(power)) = (self.kind, &self.power) {
+                let mut action = power.forward1(chosen_features, &mut self.scratch);
+                if let Some(exploration) = self.exploration {
+                    action += (crate::sim::normal(&mut self.rng) * exploration.power_noise) as f32;
+                    action = action.clamp(0.0, 1.0);
+                }
+                power_action = Some(action);
+                if let Some((node, _)) = round.node(picked.node) {
+                    let level = level_for_speed(node, action);
+                    let mut scratch_tally = FilterTally::default();
+                    if let Some(mut at_level) =
+                        round.evaluate(picked.node, task, level, &mut scratch_tally)
+                    {
+                        at_level.score = picked.score;
+                        picked = at_level;
+                    }
+                }
+            }
+            if self.recording {
+                self.records.push(DecisionRecord {
+                    task_key: task.key,
+                    candidates: feats.clone(),
+                    chosen,
+                    power_action,
+                });
+            }
+            let mut ranked: Vec<usize> = (0..candidates.len()).filter(|i| *i != chosen).collect();
+            ranked.sort_by(|a, b| candidates[*b].score.total_cmp(&candidates[*a].score));
+            let mut alternatives: Vec<Alternative> = vec![round.alternative(&picked, task)];
+            alternatives.extend(
+                ranked
+                    .iter()
+                    .take(ALTERNATIVES_SHOWN - 1)
+                    .map(|i| round.alternative(&candidates[*i], task)),
+            );
+            round.commit(&picked, task);
+            index.update(&round, picked.node);
+            let node_id = alternatives
+                .first()
+                .map(|alternative| alternative.node_id.clone())
+                .unwrap_or_default();
+            let how = match (self.kind, power_action) {
+                (LearnedKind::Hirl, Some(action)) => format!(
+                    "DDQN value {:.3}, the best of {} nodes; TD3 power actor asked for {:.0}% speed",
+                    picked.score,
+                    candidates.len(),
+                    action * 100.0
+                ),
+                _ => format!(
+                    "DDQN value {:.3}, the best of {} (node, level) pairs",
+                    picked.score,
+                    candidates.len()
+                ),
+            };
+            let how = if explored {
+                format!("exploring (trainer): {how}")
+            } else {
+                how
+            };
+            decisions[position] = Some(Decision {
+                task_key: task.key,
+                outcome: Outcome::Place {
+                    node: picked.node,
+                    power_level: picked.power_level,
+                },
+                explanation: Explanation {
+                    policy: name.to_owned(),
+                    summary: format!(
+                        "{node_id} at power level {}: {how}; finish in {:.0} ms, {:.2} J",
+                        picked.power_level,
+                        (picked.finish_ms - round.now_ms).max(0.0),
+                        picked.energy_joules
+                    ),
+                    alternatives,
+                },
+            });
+        }
+        decisions
+            .into_iter()
+            .zip(queue)
+            .map(|(decision, task)| decision.unwrap_or_else(|| hold(task, name, &FilterTally::default())))
+            .collect()
+    }
+}
