@@ -46,6 +46,9 @@ pub struct CoordinatorConfig {
     pub data_dir: PathBuf,
     /// The placement policy's name.
     pub policy: String,
+    /// A trained model for a learned policy (`hirl`, `ddqn`); `None` runs the
+    /// model shipped with Starling.
+    pub model: Option<PathBuf>,
     /// The seed handed to the placement policy (for the random baselines).
     pub placement_seed: u64,
     /// The URL agents use to reach this coordinator's REST API; `None` means
@@ -100,6 +103,7 @@ impl Default for CoordinatorConfig {
             db: None,
             data_dir: PathBuf::from(DEFAULT_DATA_DIR),
             policy: DEFAULT_POLICY.to_string(),
+            model: None,
             placement_seed: 0,
             public_url: None,
             topic_prefix: starling_proto::topic::DEFAULT_PREFIX.to_string(),
@@ -163,6 +167,8 @@ pub struct FileConfig {
     pub data_dir: Option<PathBuf>,
     /// `--policy`.
     pub policy: Option<String>,
+    /// `--model`.
+    pub model: Option<PathBuf>,
     /// `--public-url`.
     pub public_url: Option<String>,
     /// `--topic-prefix`.
@@ -230,6 +236,10 @@ pub struct ServeArgs {
     /// Placement policy [default: heuristic]; an unknown name lists the valid ones.
     #[arg(long, env = "STARLING_POLICY", value_name = "NAME")]
     pub policy: Option<String>,
+    /// Model file for a learned policy (hirl, ddqn), from `starling-coordinator train`
+    /// [default: the model shipped for the standard device profiles].
+    #[arg(long, env = "STARLING_MODEL", value_name = "FILE")]
+    pub model: Option<PathBuf>,
     /// URL agents use to reach this coordinator [default: http:// + the REST address].
     #[arg(long, env = "STARLING_PUBLIC_URL", value_name = "URL")]
     pub public_url: Option<String>,
@@ -451,6 +461,7 @@ impl ServeArgs {
                 .or(file.data_dir)
                 .unwrap_or(defaults.data_dir),
             policy: pick(&self.policy, &file.policy).unwrap_or(defaults.policy),
+            model: self.model.clone().or(file.model),
             public_url: pick(&self.public_url, &file.public_url),
             topic_prefix: pick(&self.topic_prefix, &file.topic_prefix)
                 .unwrap_or(defaults.topic_prefix),

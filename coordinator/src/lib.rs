@@ -25,6 +25,7 @@ pub mod config;
 pub mod ingest;
 pub mod liveness;
 pub mod manifest;
+pub mod models;
 pub mod outbox;
 pub mod publisher;
 pub mod registry;
@@ -34,6 +35,7 @@ pub mod signing;
 pub mod simulate;
 pub mod store;
 pub mod task;
+pub mod train;
 pub mod up;
 
 use std::net::SocketAddr;
@@ -112,6 +114,22 @@ pub enum StartError {
     /// The placement policy is unknown.
     #[error("{0}; pass --policy with one of them")]
     Policy(#[from] starling_placement::UnknownPolicy),
+    /// A learned policy's model is unusable.
+    #[error("{0}")]
+    PolicyModel(starling_placement::PolicyError),
+    /// The model file given with --model cannot be used.
+    #[error("{0}; pass --model with a file from `starling-coordinator train`, or leave it out to run the shipped model")]
+    Model(#[from] models::ModelReadError),
+    /// The model drives another policy than --policy names.
+    #[error("model file {path} drives policy {model}, but --policy is {policy}; pass --policy {model} or a {policy} model")]
+    ModelPolicy {
+        /// The model file.
+        path: std::path::PathBuf,
+        /// The policy it drives.
+        model: &'static str,
+        /// The policy asked for.
+        policy: String,
+    },
     /// The topic prefix is invalid.
     #[error("{0}; pass --topic-prefix like starling/v1")]
     TopicPrefix(#[from] starling_proto::TopicError),
@@ -372,12 +390,42 @@ async fn connect_mqtt(
     }
 }
 
+/// The configured placement policy, with the model given by `--model` for a
+/// learned one.
+fn placement_policy(
+    config: &CoordinatorConfig,
+) -> Result<Box<dyn starling_placement::Policy>, StartError> {
+    let mut models = Vec::new();
+    if let Some(path) = &config.model {
+        let model = models::read(path)?;
+        let wanted = starling_placement::learned::LearnedKind::from_name(&config.policy);
+        if wanted != Some(model.policy) {
+            return Err(StartError::ModelPolicy {
+                path: path.clone(),
+                model: model.policy.as_str(),
+                policy: config.policy.clone(),
+            });
+        }
+        models.push(model);
+    }
+    starling_placement::policy::policy_with_tuning(
+        &config.policy,
+        config.placement_seed,
+        &starling_placement::policy::HeuristicTuning::default(),
+        &models,
+    )
+    .map_err(|error| match error {
+        starling_placement::PolicyError::Unknown(unknown) => StartError::Policy(unknown),
+        other => StartError::PolicyModel(other),
+    })
+}
+
 /// Starts the coordinator: opens the store, binds the REST API, starts or
 /// connects to the broker, and spawns ingest, scheduler and HTTP server on the
 /// current tokio runtime.
 pub async fn start(config: CoordinatorConfig) -> Result<Running, StartError> {
     let topics = starling_proto::Topics::new(&config.topic_prefix)?;
-    let policy = starling_placement::policy_by_name(&config.policy, config.placement_seed)?;
+    let policy = placement_policy(&config)?;
 
     let rest_listener = tokio::net::TcpListener::bind(config.listen)
         .await

@@ -8,6 +8,7 @@ use std::path::PathBuf;
 use std::time::Instant;
 
 use indicatif::{ProgressBar, ProgressStyle};
+use starling_placement::sim::profiles::Fleet;
 use starling_placement::sim::{self, ScaleConfig, SimConfig, SimError, SimProgress, Stopwatch};
 
 /// Arguments of `starling-coordinator sim`.
@@ -17,6 +18,8 @@ use starling_placement::sim::{self, ScaleConfig, SimConfig, SimError, SimProgres
   starling-coordinator sim --seed 7 --out bench/         also write sim.md, sim.json and sim.svg
   starling-coordinator sim --policies heuristic,least-loaded --duration 30
   starling-coordinator sim --scale                       time one decision at 100, 1 000 and 10 000 nodes
+  starling-coordinator sim --policies hirl,heuristic --model hirl.json   a model from `train` instead of the shipped one
+  starling-coordinator sim --fleet unseen --nodes-per-profile 50         200 devices of profiles no model trained on
 
 The same seed gives the same table, except the decision-time column, which is
 measured with the wall clock.")]
@@ -56,6 +59,15 @@ pub struct SimArgs {
     /// Pending tasks per round for --scale.
     #[arg(long, default_value_t = 1000, value_name = "N")]
     pub pending: usize,
+    /// Model files for the learned policies (hirl, ddqn), each replacing the
+    /// shipped model of its policy; repeat or comma-separate.
+    #[arg(long, value_delimiter = ',', value_name = "FILE")]
+    pub model: Vec<PathBuf>,
+    /// Device profiles of the fleet: standard (what the shipped models trained
+    /// on) or unseen (Raspberry Pi 5 and Jetson Orin Nano in place of the Pi 4
+    /// and the Jetson Nano).
+    #[arg(long, default_value = "standard", value_name = "standard|unseen")]
+    pub fleet: String,
 }
 
 /// Why the simulator command failed.
@@ -64,6 +76,12 @@ pub enum SimCommandError {
     /// The simulator refused the settings or failed.
     #[error(transparent)]
     Sim(#[from] SimError),
+    /// A model file given with --model cannot be used.
+    #[error(transparent)]
+    Model(#[from] crate::models::ModelReadError),
+    /// A setting is not understood.
+    #[error("{0}")]
+    Usage(String),
     /// A report file could not be written.
     #[error("cannot write {path}: {source}; pass --out with a writable directory")]
     Write {
@@ -96,11 +114,26 @@ pub fn run(args: &SimArgs) -> Result<(), SimCommandError> {
         bar.set_position(p.finished_runs as u64);
         bar.set_message(format!("{} · {}", p.load, p.policy));
     };
+    let models = args
+        .model
+        .iter()
+        .map(|path| crate::models::read(path))
+        .collect::<Result<Vec<_>, _>>()?;
+    let fleet = match args.fleet.trim().to_ascii_lowercase().as_str() {
+        "standard" => Fleet::Standard,
+        "unseen" => Fleet::Unseen,
+        other => {
+            return Err(SimCommandError::Usage(format!(
+                "--fleet {other:?}: expected standard or unseen"
+            )))
+        }
+    };
     let files: Vec<(&str, String)> = if args.scale {
         let mut config = ScaleConfig {
             seed: args.seed,
             node_counts: args.scale_nodes.clone(),
             pending: args.pending,
+            models: models.clone(),
             ..ScaleConfig::default()
         };
         if !args.policies.is_empty() {
@@ -116,6 +149,8 @@ pub fn run(args: &SimArgs) -> Result<(), SimCommandError> {
     } else {
         let mut config = SimConfig {
             seed: args.seed,
+            fleet,
+            models,
             ..SimConfig::default()
         };
         if let Some(duration) = args.duration {

@@ -8,7 +8,7 @@ use tracing_subscriber::EnvFilter;
 #[command(
     name = "starling-coordinator",
     version,
-    after_help = "Examples:\n  starling-coordinator serve\n  starling-coordinator serve --listen 0.0.0.0:7878 --public-url http://10.0.0.5:7878\n  starling-coordinator serve --broker mqtt://127.0.0.1:1883 --db postgres://postgres@127.0.0.1/starling\n  starling-coordinator serve --config /etc/starling/coordinator.toml\n  starling-coordinator sim --seed 42 --out bench/\n\nEvery flag can also be set by its STARLING_* environment variable or in the --config file;\nflags win over the environment, which wins over the file."
+    after_help = "Examples:\n  starling-coordinator serve\n  starling-coordinator serve --listen 0.0.0.0:7878 --public-url http://10.0.0.5:7878\n  starling-coordinator serve --broker mqtt://127.0.0.1:1883 --db postgres://postgres@127.0.0.1/starling\n  starling-coordinator serve --config /etc/starling/coordinator.toml\n  starling-coordinator sim --seed 42 --out bench/\n  starling-coordinator train --policy hirl --out hirl.json\n\nEvery flag can also be set by its STARLING_* environment variable or in the --config file;\nflags win over the environment, which wins over the file."
 )]
 struct Args {
     #[command(subcommand)]
@@ -22,6 +22,8 @@ enum Command {
     Serve(Box<starling_coordinator::ServeArgs>),
     /// Simulate an edge fleet and compare every placement policy side by side.
     Sim(starling_coordinator::simulate::SimArgs),
+    /// Train a learned placement policy (hirl or ddqn) in the simulator and write its model file.
+    Train(starling_coordinator::train::TrainArgs),
 }
 
 fn main() {
@@ -50,6 +52,7 @@ fn run(args: Args) -> anyhow::Result<()> {
     let serve = match args.command {
         Command::Serve(serve) => serve,
         Command::Sim(sim) => return Ok(starling_coordinator::simulate::run(&sim)?),
+        Command::Train(train) => return Ok(starling_coordinator::train::run(&train)?),
     };
     let config = serve.resolve()?;
     let runtime = tokio::runtime::Builder::new_multi_thread()

@@ -279,3 +279,64 @@ pub fn shipped(kind: LearnedKind) -> Result<ModelFile, ModelError> {
     };
     ModelFile::from_json(text)
 }
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shipped_models_load_and_name_their_kind() {
+        for kind in LearnedKind::ALL {
+            let model = shipped(kind).unwrap();
+            assert_eq!(model.policy, kind);
+            assert_eq!(model.layout, LAYOUT);
+            model.expect_kind(kind).unwrap();
+            assert_eq!(ModelFile::from_json(&model.to_json()).unwrap(), model);
+        }
+        assert!(shipped(LearnedKind::Hirl).unwrap().networks.power.is_some());
+    }
+
+    #[test]
+    fn a_model_of_another_layout_is_refused_with_a_clear_message() {
+        let model = shipped(LearnedKind::Ddqn).unwrap();
+        let mut renamed = model.clone();
+        renamed.features[3] = "task.work_log".into();
+        let text = renamed.to_json();
+        let error = ModelFile::from_json(&text).unwrap_err();
+        let message = error.to_string();
+        assert!(matches!(error, ModelError::Layout { .. }), "{message}");
+        assert!(
+            message.contains("feature 3 is \"task.work_log\" where this build has \"task.work\"")
+                && message.contains("retrain"),
+            "{message}"
+        );
+        let mut older = model.clone();
+        older.layout = "starling-placement-features/0".into();
+        older.features.pop();
+        let message = ModelFile::from_json(&older.to_json()).unwrap_err().to_string();
+        assert!(message.contains("\"starling-placement-features/0\" (23 features)"), "{message}");
+
+        let mut wide = model.clone();
+        wide.networks.placement.layers[0].inputs = 25;
+        let message = ModelFile::from_json(&wide.to_json()).unwrap_err().to_string();
+        assert!(message.contains("network \"placement\""), "{message}");
+
+        let mut hirl = shipped(LearnedKind::Hirl).unwrap();
+        hirl.networks.power = None;
+        let message = ModelFile::from_json(&hirl.to_json()).unwrap_err().to_string();
+        assert!(message.contains("power actor"), "{message}");
+        assert!(model.expect_kind(LearnedKind::Hirl).is_err());
+    }
+
+    #[test]
+    fn other_documents_and_versions_are_named() {
+        assert!(matches!(
+            ModelFile::from_json("{\"format\":\"onnx\"}"),
+            Err(ModelError::Format { .. })
+        ));
+        let error = ModelFile::from_json("{\"format\":\"starling-model\",\"version\":2}").unwrap_err();
+        assert!(error.to_string().contains("version 2 is not supported"), "{error}");
+        assert!(matches!(ModelFile::from_json("not json"), Err(ModelError::Parse(_))));
+    }
+}

@@ -322,3 +322,60 @@ impl Policy for LearnedPolicy {
             .collect()
     }
 }
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+mod tests {
+    use super::*;
+    use crate::learned::shipped;
+    use crate::model::TaskClass;
+    use crate::testing::{node, task};
+
+    #[test]
+    fn learned_policies_place_only_where_the_filters_allow_and_record() {
+        let mut small = node("small", 2.0, 1.0);
+        small.memory_bytes = 1 << 20;
+        small.load.free_memory_bytes = 1 << 20;
+        let big = node("big", 4.0, 1.0);
+        let view = ClusterView {
+            now_ms: 0,
+            nodes: vec![small, big],
+        };
+        let queue: Vec<PendingTask> = (0..4).map(|key| task(key, TaskClass::Cpu)).collect();
+        for kind in LearnedKind::ALL {
+            let mut policy = LearnedPolicy::new(&shipped(kind).unwrap(), 1);
+            policy.set_recording(true);
+            policy.set_exploration(Some(Exploration {
+                epsilon: 1.0,
+                power_noise: 0.5,
+            }));
+            let decisions = policy.decide(&view, &queue);
+            assert_eq!(decisions.len(), 4);
+            for decision in &decisions {
+                assert!(
+                    matches!(decision.outcome, Outcome::Place { node: 1, .. }),
+                    "{kind:?}: 64 MiB tasks never go to the 1 MiB node: {decision:?}"
+                );
+                assert_eq!(decision.explanation.policy, kind.as_str());
+            }
+            let records = policy.take_records();
+            assert_eq!(records.len(), 4);
+            let pairs = match kind {
+                LearnedKind::Hirl => 1,
+                LearnedKind::Ddqn => 2,
+            };
+            assert_eq!(records[0].candidate_count(), pairs, "{kind:?}");
+            assert_eq!(records[0].power_action.is_some(), kind == LearnedKind::Hirl);
+            assert!(policy.take_records().is_empty());
+        }
+    }
+
+    #[test]
+    fn the_power_actor_maps_speed_to_the_lowest_level_fast_enough() {
+        let n = node("n", 4.0, 1.0);
+        assert_eq!(level_for_speed(&n, 0.1), 0);
+        assert_eq!(level_for_speed(&n, 0.5), 0);
+        assert_eq!(level_for_speed(&n, 0.51), 1);
+        assert_eq!(level_for_speed(&n, 1.0), 1);
+    }
+}

@@ -109,6 +109,9 @@ pub struct SimConfig {
     pub duration_s: f64,
     /// Nodes of each device profile.
     pub nodes_per_profile: usize,
+    /// Which device profiles make up the fleet.
+    #[serde(default)]
+    pub fleet: profiles::Fleet,
     /// Failures per node per hour (exponential inter-failure times).
     pub failure_rate_per_hour: f64,
     /// Seconds a failed node stays down.
@@ -141,6 +144,7 @@ impl Default for SimConfig {
             seed: 42,
             duration_s: 60.0,
             nodes_per_profile: 25,
+            fleet: profiles::Fleet::Standard,
             failure_rate_per_hour: 2.0,
             repair_s: 60.0,
             loads: vec![LoadLevel::low(), LoadLevel::medium(), LoadLevel::high()],

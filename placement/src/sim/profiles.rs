@@ -36,6 +36,7 @@
 //! scales with frequency × voltage², about speed^2.5 across a typical DVFS range,
 //! so a level at half speed draws ~18% of the full dynamic power.
 
+use serde::{Deserialize, Serialize};
 use starling_proto::{GpuDevice, GpuKind, Label, NodeId, Runtime};
 
 use crate::model::{
@@ -316,6 +317,92 @@ pub fn io_gateway() -> DeviceProfile {
 /// The four standard profiles.
 pub fn standard_profiles() -> Vec<DeviceProfile> {
     vec![raspberry_pi(), jetson(), mini_pc(), io_gateway()]
+}
+
+/// Raspberry Pi 5 class (4 × Cortex-A76 at 2.4 GHz): about twice a Pi 4's
+/// single-core speed (Geekbench 6 ~760 against ~300 for the Pi 4), ~3 W idle
+/// and ~10 W under full CPU load (Raspberry Pi's and Jeff Geerling's
+/// measurements); an NVMe HAT at ~400 MB/s; Wi-Fi. Used only by the unseen fleet.
+pub fn raspberry_pi5() -> DeviceProfile {
+    DeviceProfile {
+        name: "pi5",
+        arch: "aarch64",
+        cores: 4.0,
+        core_speed: 0.7,
+        memory_bytes: 8 * GIB,
+        opencl_devices: Vec::new(),
+        io_mbps: 400.0,
+        bandwidth_mbps: 100.0,
+        rtt_ms: 6.0,
+        mobile: true,
+        idle_watts: 3.0,
+        full_watts: 10.0,
+        // 1.5 GHz and 2.4 GHz.
+        level_speeds: &[0.63, 1.0],
+        labels: &[("class", "sbc")],
+        battery_joules: None,
+    }
+}
+
+/// Jetson Orin Nano class (6 × Cortex-A78AE at 1.5 GHz, a 1 024-core Ampere
+/// GPU at 625 MHz, 8 GB): 1024 × 2 × 0.625 ≈ 1.28 TFLOP/s FP32 peak, a
+/// calibration kernel taken at ~64% of it, 820 GFLOP/s; NVIDIA's 7 W and 15 W
+/// modes, ~3 W idle; NVMe. Used only by the unseen fleet.
+pub fn jetson_orin_nano() -> DeviceProfile {
+    DeviceProfile {
+        name: "orin",
+        arch: "aarch64",
+        cores: 6.0,
+        core_speed: 0.55,
+        memory_bytes: 8 * GIB,
+        opencl_devices: vec![opencl_device(
+            "Portable Computing Language",
+            "NVIDIA Corporation",
+            "NVIDIA Orin",
+            DeviceFigures {
+                kind: GpuKind::Gpu,
+                compute_units: 8,
+                max_clock_mhz: 625,
+                memory_bytes: 8 * GIB,
+                max_alloc_bytes: 2 * GIB,
+                local_memory_bytes: 48 << 10,
+                max_work_group_size: 1024,
+                fp64: true,
+                gflops: 820.0,
+            },
+        )],
+        io_mbps: 1500.0,
+        bandwidth_mbps: 300.0,
+        rtt_ms: 3.0,
+        mobile: true,
+        idle_watts: 3.0,
+        full_watts: 15.0,
+        level_speeds: &[0.55, 1.0],
+        labels: &[("class", "gpu")],
+        battery_joules: None,
+    }
+}
+
+/// Which devices a simulated fleet is made of.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Fleet {
+    /// The four standard profiles (what the shipped models were trained on).
+    #[default]
+    Standard,
+    /// A mix no shipped model has seen: Raspberry Pi 5 and Jetson Orin Nano in
+    /// place of the Pi 4 and the Jetson Nano, beside the mini PC and the gateway.
+    Unseen,
+}
+
+impl Fleet {
+    /// The fleet's profiles, each present `nodes_per_profile` times.
+    pub fn profiles(self) -> Vec<DeviceProfile> {
+        match self {
+            Fleet::Standard => standard_profiles(),
+            Fleet::Unseen => vec![raspberry_pi5(), jetson_orin_nano(), mini_pc(), io_gateway()],
+        }
+    }
 }
 
 #[cfg(test)]

@@ -7,7 +7,7 @@ use rand_chacha::ChaCha8Rng;
 use starling_proto::{GpuKind, Label, Runtime};
 
 use crate::model::{Constraints, Demand, NetworkLink, NodeView, PendingTask, TaskClass};
-use crate::sim::profiles::{standard_profiles, DeviceProfile};
+use crate::sim::profiles::DeviceProfile;
 use crate::sim::{LoadLevel, SimConfig};
 
 const MB: u64 = 1_000_000;
@@ -75,7 +75,7 @@ impl Environment {
                     .wrapping_add(salt),
             )
         };
-        let profiles = standard_profiles();
+        let profiles = config.fleet.profiles();
         let mut nodes = Vec::new();
         let mut mobile = Vec::new();
         let mut base_links = Vec::new();
