@@ -199,7 +199,8 @@ impl ModelFile {
         Ok(model)
     }
 
-    /// The file's text (pretty JSON: small, and diffs stay readable).
+    /// The file's text (pretty JSON: small, and diffs stay readable). Weights
+    /// read back bit for bit (serde_json's `float_roundtrip`).
     pub fn to_json(&self) -> String {
         serde_json::to_string_pretty(self).unwrap_or_default()
     }

@@ -157,8 +157,12 @@ impl LearnedPolicy {
             let Some((node, load)) = round.node(index) else {
                 continue;
             };
+            // One rejection per node in the tally, however many levels it has.
+            let mut per_level = FilterTally::default();
+            let mut any = false;
             for level in self.levels(node) {
-                if let Some(candidate) = round.evaluate(index, task, level, tally) {
+                if let Some(candidate) = round.evaluate(index, task, level, &mut per_level) {
+                    any = true;
                     candidates.push(candidate);
                     feats.extend_from_slice(&features::candidate(
                         node,
@@ -168,6 +172,9 @@ impl LearnedPolicy {
                         round.now_ms,
                     ));
                 }
+            }
+            if !any {
+                let _ = round.evaluate(index, task, node.top_power_level(), tally);
             }
         }
     }
