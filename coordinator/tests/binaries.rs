@@ -332,3 +332,117 @@ async fn starling_run_waits_and_prints_the_output() {
     assert_eq!(output.status.code(), Some(2));
     running.shutdown().await;
 }
+
+#[test]
+fn train_writes_a_model_that_serve_runs_and_bad_models_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = dir.path().join("models/ddqn.json");
+    let output = Command::new(COORDINATOR)
+        .args([
+            "train",
+            "--policy",
+            "ddqn",
+            "--load",
+            "medium",
+            "--nodes-per-profile",
+            "1",
+            "--episodes",
+            "3",
+            "--episode-seconds",
+            "5",
+            "--updates",
+            "5",
+            "--json",
+            "--out",
+        ])
+        .arg(&model)
+        .env("RUST_LOG", "warn")
+        .output()
+        .unwrap();
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let summary: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
+    assert_eq!(summary["training"]["episodes"], 3, "{summary}");
+    assert!(summary["training"]["command"]
+        .as_str()
+        .unwrap()
+        .starts_with("starling-coordinator train --policy ddqn --load medium"));
+    let curve = std::fs::read_to_string(dir.path().join("models/ddqn.curve.csv")).unwrap();
+    assert_eq!(curve.lines().count(), 4, "a header and one line per episode");
+    let text = std::fs::read_to_string(&model).unwrap();
+    assert!(text.contains("\"layout\": \"starling-placement-features/1\""));
+
+    // serve runs it.
+    let mut child = serve(
+        dir.path(),
+        &[
+            "--listen",
+            "127.0.0.1:0",
+            "--mqtt-listen",
+            "127.0.0.1:0",
+            "--policy",
+            "ddqn",
+            "--model",
+            model.to_str().unwrap(),
+        ],
+    )
+    .stdout(Stdio::piped())
+    .stderr(Stdio::null())
+    .spawn()
+    .unwrap();
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    assert!(line.starts_with("starling-coordinator ready"), "{line}");
+    child.kill().unwrap();
+    child.wait().unwrap();
+
+    let plain = ["--listen", "127.0.0.1:0", "--mqtt-listen", "127.0.0.1:0"];
+    let with = |extra: &[&str]| -> String {
+        let mut args = plain.to_vec();
+        args.extend_from_slice(extra);
+        failing_serve(&args)
+    };
+    // Another policy's model.
+    let error = with(&["--policy", "hirl", "--model", model.to_str().unwrap()]);
+    assert!(
+        error.contains("drives policy ddqn") && error.contains("--policy hirl"),
+        "{error}"
+    );
+    // Another feature layout: named, with what to do about it.
+    let renamed = dir.path().join("renamed.json");
+    std::fs::write(&renamed, text.replace("\"node.fit\"", "\"node.fitness\"")).unwrap();
+    let error = with(&["--policy", "ddqn", "--model", renamed.to_str().unwrap()]);
+    assert!(
+        error.contains("renamed.json")
+            && error.contains("feature 16 is \"node.fitness\" where this build has \"node.fit\"")
+            && error.contains("retrain"),
+        "{error}"
+    );
+    // Not a model; no such file.
+    let garbage = dir.path().join("garbage.json");
+    std::fs::write(&garbage, "{\"weights\": [1, 2, 3]}").unwrap();
+    let error = with(&["--policy", "ddqn", "--model", garbage.to_str().unwrap()]);
+    assert!(error.contains("not a Starling model file"), "{error}");
+    let error = with(&["--policy", "ddqn", "--model", "/nonexistent/model.json"]);
+    assert!(error.contains("cannot read model file"), "{error}");
+
+    // train refuses what it cannot train, with exit status 1 and a reason.
+    let output = Command::new(COORDINATOR)
+        .args(["train", "--policy", "heuristic", "--out"])
+        .arg(dir.path().join("x.json"))
+        .output()
+        .unwrap();
+    assert!(!output.status.success());
+    assert!(String::from_utf8_lossy(&output.stderr).contains("expected hirl or ddqn"));
+    let output = Command::new(COORDINATOR)
+        .args(["train", "--policy", "hirl", "--load", "extreme", "--out"])
+        .arg(dir.path().join("x.json"))
+        .output()
+        .unwrap();
+    assert!(String::from_utf8_lossy(&output.stderr).contains("--load \"extreme\""));
+}

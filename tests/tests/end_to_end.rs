@@ -117,3 +117,30 @@ fn starling_up_runs_everything_in_one_process() {
     up.process.stop();
     assert_eq!(up.process.exit_code(), Some(0), "{}", up.process.log());
 }
+
+#[test]
+fn a_learned_policy_places_real_tasks() {
+    // HiRL with the shipped model: the DDQN picks the node, the TD3 actor its
+    // power level, and the explanation says so.
+    let coordinator = Coordinator::start(None, Store::Sqlite, &["--policy", "hirl"]);
+    let _a = Agent::start(&coordinator, &coordinator.mqtt, "learned-a", "");
+    let _b = Agent::start(&coordinator, &coordinator.mqtt, "learned-b", "");
+    coordinator.wait_for_nodes(2, Duration::from_secs(30));
+    let dir = tempfile::tempdir().unwrap();
+    run_echo(&coordinator, dir.path(), "placed by hirl");
+    let echo = wasm_file(dir.path(), "echo", modules::ECHO);
+    let task = coordinator.cli_json(
+        &["run", echo.to_str().unwrap(), "--input", "-", "--wait"],
+        Some(b"again"),
+    );
+    assert_eq!(task["state"], "succeeded", "{task}");
+    let id = task["id"].as_str().unwrap();
+    let shown = coordinator.cli_json(&["task", id], None);
+    let explanation = &shown["explanation"];
+    assert_eq!(explanation["policy"], "hirl", "{shown}");
+    let summary = explanation["summary"].as_str().unwrap();
+    assert!(
+        summary.contains("DDQN value") && summary.contains("TD3 power actor"),
+        "{summary}"
+    );
+}
