@@ -28,7 +28,12 @@ pub struct TrainArgs {
     #[arg(long, value_name = "hirl|ddqn")]
     pub policy: String,
     /// Offered loads to train at, cycled: low, medium, high or a fraction of capacity.
-    #[arg(long, value_delimiter = ',', default_value = "low,medium,high", value_name = "LOAD,...")]
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "low,medium,high",
+        value_name = "LOAD,..."
+    )]
     pub load: Vec<String>,
     /// Seed of the worlds, the initial weights and the exploration.
     #[arg(long, default_value_t = 42)]
@@ -173,8 +178,10 @@ pub fn run(args: &TrainArgs) -> Result<(), TrainCommandError> {
     };
     let bar = ProgressBar::new(u64::from(args.episodes));
     bar.set_style(
-        ProgressStyle::with_template("{spinner} [{elapsed_precise}] {bar:30} {pos}/{len} episodes {msg}")
-            .unwrap_or_else(|_| ProgressStyle::default_bar()),
+        ProgressStyle::with_template(
+            "{spinner} [{elapsed_precise}] {bar:30} {pos}/{len} episodes {msg}",
+        )
+        .unwrap_or_else(|_| ProgressStyle::default_bar()),
     );
     let started = std::time::Instant::now();
     let mut trained = starling_learn::train(&config, &mut |point| {

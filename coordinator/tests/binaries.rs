@@ -371,7 +371,11 @@ fn train_writes_a_model_that_serve_runs_and_bad_models_are_refused() {
         .unwrap()
         .starts_with("starling-coordinator train --policy ddqn --load medium"));
     let curve = std::fs::read_to_string(dir.path().join("models/ddqn.curve.csv")).unwrap();
-    assert_eq!(curve.lines().count(), 4, "a header and one line per episode");
+    assert_eq!(
+        curve.lines().count(),
+        4,
+        "a header and one line per episode"
+    );
     let text = std::fs::read_to_string(&model).unwrap();
     assert!(text.contains("\"layout\": \"starling-placement-features/1\""));
 
@@ -410,7 +414,7 @@ fn train_writes_a_model_that_serve_runs_and_bad_models_are_refused() {
     // Another policy's model.
     let error = with(&["--policy", "hirl", "--model", model.to_str().unwrap()]);
     assert!(
-        error.contains("drives policy ddqn") && error.contains("--policy hirl"),
+        error.contains("drives policy ddqn") && error.contains("--policy is hirl"),
         "{error}"
     );
     // Another feature layout: named, with what to do about it.

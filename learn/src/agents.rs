@@ -70,7 +70,12 @@ pub(crate) struct Ddqn {
 }
 
 impl Ddqn {
-    pub fn new(hidden: usize, learning_rate: f64, gamma: f64, rng: &mut ChaCha8Rng) -> Result<Self, LearnError> {
+    pub fn new(
+        hidden: usize,
+        learning_rate: f64,
+        gamma: f64,
+        rng: &mut ChaCha8Rng,
+    ) -> Result<Self, LearnError> {
         let online = Net::new(&[FEATURES, hidden, hidden, 1], Activation::Linear, rng)?;
         let target = online.duplicate()?;
         let optimiser = adam(online.vars(), learning_rate)?;
@@ -87,8 +92,15 @@ impl Ddqn {
     }
 
     /// One gradient step; the loss and each transition's TD error.
-    pub fn update(&mut self, batch: &[&Transition], weights: &[f32]) -> Result<(f32, Vec<f32>), LearnError> {
-        let states = matrix(chosen_rows(batch.iter().map(|t| t.state.as_ref())), FEATURES)?;
+    pub fn update(
+        &mut self,
+        batch: &[&Transition],
+        weights: &[f32],
+    ) -> Result<(f32, Vec<f32>), LearnError> {
+        let states = matrix(
+            chosen_rows(batch.iter().map(|t| t.state.as_ref())),
+            FEATURES,
+        )?;
         let q = self.online.forward(&states)?;
         // Double Q-learning: the online network picks the next action, the target
         // network values it.
@@ -147,9 +159,16 @@ fn with_action(states: &[f32], actions: &[f32]) -> Vec<f32> {
 }
 
 impl Td3 {
-    pub fn new(hidden: usize, learning_rate: f64, gamma: f64, rng: &mut ChaCha8Rng) -> Result<Self, LearnError> {
+    pub fn new(
+        hidden: usize,
+        learning_rate: f64,
+        gamma: f64,
+        rng: &mut ChaCha8Rng,
+    ) -> Result<Self, LearnError> {
         let actor = Net::new(&[FEATURES, hidden, hidden, 1], Activation::Sigmoid, rng)?;
-        let critic = |rng: &mut ChaCha8Rng| Net::new(&[FEATURES + 1, hidden, hidden, 1], Activation::Linear, rng);
+        let critic = |rng: &mut ChaCha8Rng| {
+            Net::new(&[FEATURES + 1, hidden, hidden, 1], Activation::Linear, rng)
+        };
         let critics = [critic(rng)?, critic(rng)?];
         let critic_targets = [critics[0].duplicate()?, critics[1].duplicate()?];
         let actor_target = actor.duplicate()?;
@@ -200,7 +219,8 @@ impl Td3 {
         }
         let mut next_actions = self.actor_target.values(&next_states, FEATURES)?;
         for action in &mut next_actions {
-            let noise = (crate::train::normal(rng) * TARGET_NOISE).clamp(-TARGET_NOISE_CLIP, TARGET_NOISE_CLIP);
+            let noise = (crate::train::normal(rng) * TARGET_NOISE)
+                .clamp(-TARGET_NOISE_CLIP, TARGET_NOISE_CLIP);
             *action = (*action + noise as f32).clamp(0.0, 1.0);
         }
         let next_inputs = with_action(&next_states, &next_actions);
@@ -222,12 +242,13 @@ impl Td3 {
             })
             .collect();
         let inputs = matrix(with_action(&states, &actions), FEATURES + 1)?;
-        let (loss1, errors) = weighted_mse(&self.critics[0].forward(&inputs)?, targets.clone(), weights)?;
+        let (loss1, errors) =
+            weighted_mse(&self.critics[0].forward(&inputs)?, targets.clone(), weights)?;
         let (loss2, _) = weighted_mse(&self.critics[1].forward(&inputs)?, targets, weights)?;
         let loss = (&loss1 + &loss2)?;
         self.critic_optimiser.backward_step(&loss)?;
         self.updates += 1;
-        if self.updates % POLICY_DELAY == 0 {
+        if self.updates.is_multiple_of(POLICY_DELAY) {
             // Deterministic policy gradient through the first critic; only the
             // actor's optimiser steps.
             let state_tensor = matrix(states, FEATURES)?;

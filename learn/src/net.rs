@@ -27,7 +27,11 @@ impl Net {
     /// A network of the given layer sizes (`sizes[0]` inputs, the last outputs),
     /// ReLU between layers and `head` on the output, initialised uniformly in
     /// ±1/√inputs (PyTorch's `Linear` default).
-    pub fn new(sizes: &[usize], head: Activation, rng: &mut ChaCha8Rng) -> Result<Self, LearnError> {
+    pub fn new(
+        sizes: &[usize],
+        head: Activation,
+        rng: &mut ChaCha8Rng,
+    ) -> Result<Self, LearnError> {
         let mut layers = Vec::new();
         for (index, pair) in sizes.windows(2).enumerate() {
             let (inputs, outputs) = (pair[0], pair[1]);
@@ -35,16 +39,24 @@ impl Net {
             let weights: Vec<f32> = (0..inputs * outputs)
                 .map(|_| rng.random_range(-bound..bound))
                 .collect();
-            let bias: Vec<f32> = (0..outputs).map(|_| rng.random_range(-bound..bound)).collect();
+            let bias: Vec<f32> = (0..outputs)
+                .map(|_| rng.random_range(-bound..bound))
+                .collect();
             let last = index + 2 == sizes.len();
             layers.push(Layer {
-                weight: Var::from_tensor(&Tensor::from_vec(weights, (outputs, inputs), &Device::Cpu)?)?,
+                weight: Var::from_tensor(&Tensor::from_vec(
+                    weights,
+                    (outputs, inputs),
+                    &Device::Cpu,
+                )?)?,
                 bias: Var::from_tensor(&Tensor::from_vec(bias, outputs, &Device::Cpu)?)?,
                 activation: if last { head } else { Activation::Relu },
             });
         }
         if layers.is_empty() {
-            return Err(LearnError::Config("a network needs at least one layer".into()));
+            return Err(LearnError::Config(
+                "a network needs at least one layer".into(),
+            ));
         }
         Ok(Self { layers })
     }

@@ -57,7 +57,10 @@ impl SumTree {
     }
 
     fn get(&self, index: usize) -> f64 {
-        self.nodes.get(self.capacity + index).copied().unwrap_or(0.0)
+        self.nodes
+            .get(self.capacity + index)
+            .copied()
+            .unwrap_or(0.0)
     }
 
     fn set(&mut self, index: usize, priority: f64) {

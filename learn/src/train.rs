@@ -71,7 +71,12 @@ impl Default for TrainConfig {
 impl TrainConfig {
     fn validate(&self) -> Result<(), LearnError> {
         let invalid = |what: &str| Err(LearnError::Config(what.to_owned()));
-        if self.loads.is_empty() || self.loads.iter().any(|l| !(l.is_finite() && *l > 0.0 && *l <= 5.0)) {
+        if self.loads.is_empty()
+            || self
+                .loads
+                .iter()
+                .any(|l| !(l.is_finite() && *l > 0.0 && *l <= 5.0))
+        {
             return invalid("loads must be one or more numbers in (0, 5]");
         }
         if self.episodes == 0 {
@@ -204,30 +209,54 @@ fn mean(values: &[f32]) -> f64 {
 }
 
 /// Trains a policy; `progress` is told each episode's figures as it ends.
-pub fn train(config: &TrainConfig, progress: &mut dyn FnMut(&EpisodeStats)) -> Result<Trained, LearnError> {
+pub fn train(
+    config: &TrainConfig,
+    progress: &mut dyn FnMut(&EpisodeStats),
+) -> Result<Trained, LearnError> {
     config.validate()?;
-    let mut rng = ChaCha8Rng::seed_from_u64(config.seed ^ 0x7472_6169_6e);
+    let mut rng = ChaCha8Rng::seed_from_u64(config.seed ^ 0x0074_7261_696e);
     let mut ddqn = Ddqn::new(config.hidden, config.learning_rate, config.gamma, &mut rng)?;
     let mut td3 = match config.kind {
-        LearnedKind::Hirl => Some(Td3::new(config.hidden, config.learning_rate, config.gamma, &mut rng)?),
+        LearnedKind::Hirl => Some(Td3::new(
+            config.hidden,
+            config.learning_rate,
+            config.gamma,
+            &mut rng,
+        )?),
         LearnedKind::Ddqn => None,
     };
     let mut replay: Replay<Transition> = Replay::new(config.replay);
     let mut curve = Vec::with_capacity(config.episodes as usize);
     let mut steps = 0u64;
-    let mut stopwatch = FakeStopwatch { now_ns: 0, step_ns: 1 };
+    let mut stopwatch = FakeStopwatch {
+        now_ns: 0,
+        step_ns: 1,
+    };
     for episode in 0..config.episodes {
         let load = config.loads[episode as usize % config.loads.len()];
         let power = td3.as_ref().map(Td3::export).transpose()?;
-        let mut policy = LearnedPolicy::from_networks(config.kind, ddqn.export()?, power, config.seed.wrapping_add(u64::from(episode)));
+        let mut policy = LearnedPolicy::from_networks(
+            config.kind,
+            ddqn.export()?,
+            power,
+            config.seed.wrapping_add(u64::from(episode)),
+        );
         let exploration = config.exploration(episode);
         policy.set_exploration(Some(exploration));
         policy.set_recording(true);
         let mut outcomes = Vec::new();
-        let world = config.world(config.seed.wrapping_mul(1_000).wrapping_add(u64::from(episode)));
+        let world = config.world(
+            config
+                .seed
+                .wrapping_mul(1_000)
+                .wrapping_add(u64::from(episode)),
+        );
         let row = sim::episode(
             &world,
-            &LoadLevel { name: "train".into(), utilisation: load },
+            &LoadLevel {
+                name: "train".into(),
+                utilisation: load,
+            },
             &mut policy,
             &mut stopwatch,
             &mut |outcome| outcomes.push(outcome),
@@ -242,7 +271,8 @@ pub fn train(config: &TrainConfig, progress: &mut dyn FnMut(&EpisodeStats)) -> R
         if replay.len() >= config.batch {
             for _ in 0..config.updates_per_episode {
                 let sampled = replay.sample(config.batch, &mut rng);
-                let batch: Vec<&Transition> = sampled.iter().filter_map(|s| replay.get(s.slot)).collect();
+                let batch: Vec<&Transition> =
+                    sampled.iter().filter_map(|s| replay.get(s.slot)).collect();
                 let weights: Vec<f32> = sampled.iter().map(|s| s.weight).collect();
                 let (loss, mut errors) = ddqn.update(&batch, &weights)?;
                 losses.push(loss);
@@ -279,12 +309,25 @@ pub fn train(config: &TrainConfig, progress: &mut dyn FnMut(&EpisodeStats)) -> R
     };
     let mut evaluation = Vec::new();
     for (index, load) in config.loads.iter().enumerate() {
-        let mut policy = LearnedPolicy::from_networks(config.kind, networks.placement.clone(), networks.power.clone(), config.seed);
+        let mut policy = LearnedPolicy::from_networks(
+            config.kind,
+            networks.placement.clone(),
+            networks.power.clone(),
+            config.seed,
+        );
         // Held-out worlds: seeds the training episodes never used.
-        let world = config.world(config.seed.wrapping_mul(1_000).wrapping_add(900 + index as u64));
+        let world = config.world(
+            config
+                .seed
+                .wrapping_mul(1_000)
+                .wrapping_add(900 + index as u64),
+        );
         let row = sim::episode(
             &world,
-            &LoadLevel { name: "eval".into(), utilisation: *load },
+            &LoadLevel {
+                name: "eval".into(),
+                utilisation: *load,
+            },
             &mut policy,
             &mut stopwatch,
             &mut |_| {},
@@ -294,7 +337,11 @@ pub fn train(config: &TrainConfig, progress: &mut dyn FnMut(&EpisodeStats)) -> R
     let on_time_rate = if evaluation.is_empty() {
         0.0
     } else {
-        evaluation.iter().map(|(_, row)| row.deadline_completion_rate).sum::<f64>() / evaluation.len() as f64
+        evaluation
+            .iter()
+            .map(|(_, row)| row.deadline_completion_rate)
+            .sum::<f64>()
+            / evaluation.len() as f64
     };
     let model = ModelFile::new(
         config.kind,
@@ -302,7 +349,8 @@ pub fn train(config: &TrainConfig, progress: &mut dyn FnMut(&EpisodeStats)) -> R
         TrainingInfo {
             seed: config.seed,
             loads: config.loads.clone(),
-            devices: config.nodes_per_profile * starling_placement::sim::profiles::standard_profiles().len(),
+            devices: config.nodes_per_profile
+                * starling_placement::sim::profiles::standard_profiles().len(),
             episodes: config.episodes,
             steps,
             // Set by the caller, who owns the clock: the trainer is deterministic.
@@ -311,7 +359,11 @@ pub fn train(config: &TrainConfig, progress: &mut dyn FnMut(&EpisodeStats)) -> R
             command: config.command.clone(),
         },
     );
-    Ok(Trained { model, curve, evaluation })
+    Ok(Trained {
+        model,
+        curve,
+        evaluation,
+    })
 }
 
 /// Plays one greedy episode of `policy` in the world `config` describes at
@@ -322,10 +374,16 @@ pub fn evaluate(
     load: f64,
     seed: u64,
 ) -> Result<PolicyRow, LearnError> {
-    let mut stopwatch = FakeStopwatch { now_ns: 0, step_ns: 1 };
+    let mut stopwatch = FakeStopwatch {
+        now_ns: 0,
+        step_ns: 1,
+    };
     Ok(sim::episode(
         &config.world(seed),
-        &LoadLevel { name: "eval".into(), utilisation: load },
+        &LoadLevel {
+            name: "eval".into(),
+            utilisation: load,
+        },
         policy,
         &mut stopwatch,
         &mut |_| {},

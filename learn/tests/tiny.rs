@@ -1,5 +1,6 @@
 //! A training run of seconds: the loss falls and the trained policy beats
 //! random placement on worlds it never trained on.
+#![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
 
 use starling_learn::{evaluate, train, TrainConfig};
 use starling_placement::learned::{LearnedKind, LearnedPolicy, ModelFile};

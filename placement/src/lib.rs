@@ -19,6 +19,6 @@ pub use model::{
     QueueState, TaskClass, REFERENCE_CORE_GFLOPS,
 };
 pub use policy::{
-    policy_by_name, Alternative, Decision, Explanation, Outcome, Policy, PolicyError, UnknownPolicy,
-    POLICY_NAMES,
+    policy_by_name, Alternative, Decision, Explanation, Outcome, Policy, PolicyError,
+    UnknownPolicy, POLICY_NAMES,
 };

@@ -82,8 +82,9 @@ pub fn candidate(
 }
 
 fn time_left_s(task: &PendingTask, now_ms: f64) -> f64 {
-    task.deadline_ms
-        .map_or(NO_DEADLINE_S, |deadline| (deadline as f64 - now_ms) / 1000.0)
+    task.deadline_ms.map_or(NO_DEADLINE_S, |deadline| {
+        (deadline as f64 - now_ms) / 1000.0
+    })
 }
 
 fn fill_task(out: &mut Features, task: &PendingTask, now_ms: f64) {
@@ -157,7 +158,10 @@ fn fill_level(
 
 /// The layout's feature names as owned strings, as a model file records them.
 pub fn names() -> Vec<String> {
-    FEATURE_NAMES.iter().map(|name| (*name).to_owned()).collect()
+    FEATURE_NAMES
+        .iter()
+        .map(|name| (*name).to_owned())
+        .collect()
 }
 
 #[cfg(test)]
@@ -176,7 +180,11 @@ mod tests {
         for value in low.iter().chain(top.iter()) {
             assert!(value.is_finite() && (-3.0..=6.0).contains(value), "{value}");
         }
-        assert_eq!(low[..17], top[..17], "task and node features do not depend on the level");
+        assert_eq!(
+            low[..17],
+            top[..17],
+            "task and node features do not depend on the level"
+        );
         assert_eq!(low[0], 1.0);
         assert_eq!(top[23], 1.0);
         assert_eq!(low[23], 0.0);

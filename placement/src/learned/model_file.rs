@@ -228,10 +228,11 @@ impl ModelFile {
             });
         }
         let check = |network: &'static str, mlp: &Mlp| -> Result<(), ModelError> {
-            mlp.validate().map_err(|error: ShapeError| ModelError::Network {
-                network,
-                what: error.to_string(),
-            })?;
+            mlp.validate()
+                .map_err(|error: ShapeError| ModelError::Network {
+                    network,
+                    what: error.to_string(),
+                })?;
             if mlp.inputs() != FEATURES || mlp.outputs() != 1 {
                 return Err(ModelError::Network {
                     network,
@@ -315,17 +316,26 @@ mod tests {
         let mut older = model.clone();
         older.layout = "starling-placement-features/0".into();
         older.features.pop();
-        let message = ModelFile::from_json(&older.to_json()).unwrap_err().to_string();
-        assert!(message.contains("\"starling-placement-features/0\" (23 features)"), "{message}");
+        let message = ModelFile::from_json(&older.to_json())
+            .unwrap_err()
+            .to_string();
+        assert!(
+            message.contains("\"starling-placement-features/0\" (23 features)"),
+            "{message}"
+        );
 
         let mut wide = model.clone();
         wide.networks.placement.layers[0].inputs = 25;
-        let message = ModelFile::from_json(&wide.to_json()).unwrap_err().to_string();
+        let message = ModelFile::from_json(&wide.to_json())
+            .unwrap_err()
+            .to_string();
         assert!(message.contains("network \"placement\""), "{message}");
 
         let mut hirl = shipped(LearnedKind::Hirl).unwrap();
         hirl.networks.power = None;
-        let message = ModelFile::from_json(&hirl.to_json()).unwrap_err().to_string();
+        let message = ModelFile::from_json(&hirl.to_json())
+            .unwrap_err()
+            .to_string();
         assert!(message.contains("power actor"), "{message}");
         assert!(model.expect_kind(LearnedKind::Hirl).is_err());
     }
@@ -336,8 +346,15 @@ mod tests {
             ModelFile::from_json("{\"format\":\"onnx\"}"),
             Err(ModelError::Format { .. })
         ));
-        let error = ModelFile::from_json("{\"format\":\"starling-model\",\"version\":2}").unwrap_err();
-        assert!(error.to_string().contains("version 2 is not supported"), "{error}");
-        assert!(matches!(ModelFile::from_json("not json"), Err(ModelError::Parse(_))));
+        let error =
+            ModelFile::from_json("{\"format\":\"starling-model\",\"version\":2}").unwrap_err();
+        assert!(
+            error.to_string().contains("version 2 is not supported"),
+            "{error}"
+        );
+        assert!(matches!(
+            ModelFile::from_json("not json"),
+            Err(ModelError::Parse(_))
+        ));
     }
 }

@@ -80,17 +80,17 @@ impl Mlp {
         }
         let mut expected_inputs = self.inputs();
         for (index, layer) in self.layers.iter().enumerate() {
-            let fail = |what: String| ShapeError::Layer {
-                layer: index,
-                what,
-            };
+            let fail = |what: String| ShapeError::Layer { layer: index, what };
             if layer.inputs != expected_inputs {
                 return Err(fail(format!(
                     "takes {} inputs but the layer before gives {expected_inputs}",
                     layer.inputs
                 )));
             }
-            if layer.inputs == 0 || layer.outputs == 0 || layer.inputs > 4096 || layer.outputs > 4096
+            if layer.inputs == 0
+                || layer.outputs == 0
+                || layer.inputs > 4096
+                || layer.outputs > 4096
             {
                 return Err(fail(format!(
                     "{} × {} is not a size this engine runs (1..=4096 each)",
@@ -210,7 +210,11 @@ mod tests {
         assert!(net.validate().unwrap_err().to_string().contains("layer 1"));
         let mut net = tiny();
         net.layers[0].weights.pop();
-        assert!(net.validate().unwrap_err().to_string().contains("3 weights"));
+        assert!(net
+            .validate()
+            .unwrap_err()
+            .to_string()
+            .contains("3 weights"));
         let mut net = tiny();
         net.layers[0].bias[0] = f32::NAN;
         assert!(net.validate().is_err());

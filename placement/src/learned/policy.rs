@@ -101,7 +101,7 @@ impl LearnedPolicy {
             kind,
             placement,
             power,
-            rng: ChaCha8Rng::seed_from_u64(seed ^ 0x6c65_6172_6e),
+            rng: ChaCha8Rng::seed_from_u64(seed ^ 0x006c_6561_726e),
             scratch: Scratch::default(),
             exploration: None,
             recording: false,
@@ -208,7 +208,14 @@ impl Policy for LearnedPolicy {
             }
             shortlist.sort_unstable();
             shortlist.dedup();
-            self.gather(&round, task, &shortlist, &mut tally, &mut candidates, &mut feats);
+            self.gather(
+                &round,
+                task,
+                &shortlist,
+                &mut tally,
+                &mut candidates,
+                &mut feats,
+            );
             if candidates.is_empty() {
                 // The shortlist can miss the only nodes that fit; look at all.
                 tally = FilterTally::default();
@@ -325,7 +332,9 @@ impl Policy for LearnedPolicy {
         decisions
             .into_iter()
             .zip(queue)
-            .map(|(decision, task)| decision.unwrap_or_else(|| hold(task, name, &FilterTally::default())))
+            .map(|(decision, task)| {
+                decision.unwrap_or_else(|| hold(task, name, &FilterTally::default()))
+            })
             .collect()
     }
 }

@@ -66,10 +66,7 @@ impl TaskOutcome {
     pub fn reward(&self) -> f64 {
         match self.fate {
             Fate::OnTime | Fate::Late => {
-                let budget = self
-                    .budget_ms
-                    .unwrap_or(NO_DEADLINE_BUDGET_MS)
-                    .max(1.0);
+                let budget = self.budget_ms.unwrap_or(NO_DEADLINE_BUDGET_MS).max(1.0);
                 let latency = (self.latency_ms.max(0.0) / budget).min(MAX_LATENCY_RATIO);
                 let energy = ENERGY_WEIGHT * self.energy_joules.max(0.0) / ENERGY_SCALE_J;
                 let miss = if self.fate == Fate::Late {

@@ -20,8 +20,8 @@ pub use baselines::{
     EarliestFinishPolicy, KubernetesPolicy, LeastLoadedPolicy, RandomPolicy, RoundRobinPolicy,
     StaticOptimisationPolicy,
 };
-pub use heuristic::{HeuristicPolicy, HeuristicTuning, SearchMode};
 pub(crate) use heuristic::{order, Index};
+pub use heuristic::{HeuristicPolicy, HeuristicTuning, SearchMode};
 
 /// A placement strategy.
 pub trait Policy: Send {

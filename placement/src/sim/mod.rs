@@ -259,8 +259,12 @@ pub fn run(
         let environment = workload::Environment::generate(config, load_index, load);
         let mut rows = Vec::with_capacity(config.policies.len());
         for name in &config.policies {
-            let mut policy =
-                crate::policy::policy_with_tuning(name, config.seed, &config.heuristic, &config.models)?;
+            let mut policy = crate::policy::policy_with_tuning(
+                name,
+                config.seed,
+                &config.heuristic,
+                &config.models,
+            )?;
             let row = engine::simulate(
                 config,
                 &environment,
@@ -376,7 +380,10 @@ mod tests {
         let mut config = tiny();
         config.policies.push("oracle".into());
         let error = run(&config, &mut stopwatch, &mut |_| {}).unwrap_err();
-        assert!(matches!(error, SimError::Policy(PolicyError::Unknown(_))), "{error}");
+        assert!(
+            matches!(error, SimError::Policy(PolicyError::Unknown(_))),
+            "{error}"
+        );
         let mut config = tiny();
         config.duration_s = -1.0;
         let error = run(&config, &mut stopwatch, &mut |_| {}).unwrap_err();

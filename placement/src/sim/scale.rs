@@ -150,7 +150,12 @@ pub fn scale(
         ));
     }
     for name in &config.policies {
-        policy_with_tuning(name, config.seed, &HeuristicTuning::default(), &config.models)?;
+        policy_with_tuning(
+            name,
+            config.seed,
+            &HeuristicTuning::default(),
+            &config.models,
+        )?;
     }
     // Tasks come from the simulator's own generator, so the mix is the same.
     let sim_config = SimConfig {
@@ -192,8 +197,12 @@ pub fn scale(
             .collect();
         let mut size_rows = Vec::new();
         for name in &config.policies {
-            let mut policy =
-                policy_with_tuning(name, config.seed, &HeuristicTuning::default(), &config.models)?;
+            let mut policy = policy_with_tuning(
+                name,
+                config.seed,
+                &HeuristicTuning::default(),
+                &config.models,
+            )?;
             let started = stopwatch.now_ns();
             let decisions = policy.decide(&view, &queue);
             let elapsed = stopwatch.now_ns().saturating_sub(started);
