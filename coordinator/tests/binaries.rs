@@ -23,6 +23,15 @@ fn serve(dir: &std::path::Path, extra: &[&str]) -> Command {
     command
 }
 
+/// The first line a spawned `serve` prints on stdout (its ready line).
+fn ready_line(child: &mut std::process::Child) -> String {
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    line
+}
+
 /// Runs `serve` expecting it to fail at startup; returns its stderr.
 fn failing_serve(extra: &[&str]) -> String {
     let dir = tempfile::tempdir().unwrap();
@@ -59,10 +68,7 @@ fn serve_prints_the_ready_line_and_serves() {
     .stderr(Stdio::null())
     .spawn()
     .unwrap();
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
+    let line = ready_line(&mut child);
     let fields: Vec<&str> = line.split_whitespace().collect();
     assert_eq!(&fields[..2], ["starling-coordinator", "ready"], "{line}");
     let rest = fields[2].strip_prefix("rest=http://127.0.0.1:").unwrap();
@@ -397,10 +403,7 @@ fn train_writes_a_model_that_serve_runs_and_bad_models_are_refused() {
     .stderr(Stdio::null())
     .spawn()
     .unwrap();
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
+    let line = ready_line(&mut child);
     assert!(line.starts_with("starling-coordinator ready"), "{line}");
     child.kill().unwrap();
     child.wait().unwrap();

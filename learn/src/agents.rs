@@ -219,7 +219,7 @@ impl Td3 {
         }
         let mut next_actions = self.actor_target.values(&next_states, FEATURES)?;
         for action in &mut next_actions {
-            let noise = (crate::train::normal(rng) * TARGET_NOISE)
+            let noise = (starling_placement::sim::normal(rng) * TARGET_NOISE)
                 .clamp(-TARGET_NOISE_CLIP, TARGET_NOISE_CLIP);
             *action = (*action + noise as f32).clamp(0.0, 1.0);
         }

@@ -3,7 +3,7 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use rand::{Rng, SeedableRng};
+use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 use serde::{Deserialize, Serialize};
 use starling_placement::learned::{
@@ -149,13 +149,6 @@ pub struct Trained {
     pub curve: Vec<EpisodeStats>,
     /// Each load's greedy evaluation after training.
     pub evaluation: Vec<(f64, PolicyRow)>,
-}
-
-/// A standard normal draw (Box–Muller).
-pub(crate) fn normal(rng: &mut ChaCha8Rng) -> f64 {
-    let u1: f64 = rng.random_range(f64::EPSILON..1.0);
-    let u2: f64 = rng.random_range(0.0..1.0);
-    (-2.0 * u1.ln()).sqrt() * (2.0 * core::f64::consts::PI * u2).cos()
 }
 
 /// Pairs each decision with what became of its task: outcomes are matched to a

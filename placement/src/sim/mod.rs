@@ -21,7 +21,7 @@ use crate::policy::PolicyError;
 
 pub use report::{LoadReport, PolicyRow, SimReport};
 pub use scale::{scale, ScaleConfig, ScaleReport, ScaleRow};
-pub(crate) use workload::normal;
+pub use workload::normal;
 
 /// A source of elapsed time, injected by the caller.
 pub trait Stopwatch {

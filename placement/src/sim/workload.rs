@@ -52,8 +52,9 @@ fn capacity(profile: &DeviceProfile, mix_gpu_share: f64) -> f64 {
     }
 }
 
-/// A standard normal draw (Box–Muller).
-pub(crate) fn normal(rng: &mut ChaCha8Rng) -> f64 {
+/// A standard normal draw (Box–Muller), for the simulator and the learners'
+/// exploration noise.
+pub fn normal(rng: &mut ChaCha8Rng) -> f64 {
     let u1: f64 = rng.random_range(f64::EPSILON..1.0);
     let u2: f64 = rng.random_range(0.0..1.0);
     (-2.0 * u1.ln()).sqrt() * (2.0 * core::f64::consts::PI * u2).cos()
