@@ -438,18 +438,19 @@ fn train_writes_a_model_that_serve_runs_and_bad_models_are_refused() {
     let error = with(&["--policy", "ddqn", "--model", "/nonexistent/model.json"]);
     assert!(error.contains("cannot read model file"), "{error}");
 
-    // train refuses what it cannot train, with exit status 1 and a reason.
+    // train refuses what it cannot train: a usage error (exit status 2) with a reason.
     let output = Command::new(COORDINATOR)
         .args(["train", "--policy", "heuristic", "--out"])
         .arg(dir.path().join("x.json"))
         .output()
         .unwrap();
-    assert!(!output.status.success());
+    assert_eq!(output.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&output.stderr).contains("expected hirl or ddqn"));
     let output = Command::new(COORDINATOR)
         .args(["train", "--policy", "hirl", "--load", "extreme", "--out"])
         .arg(dir.path().join("x.json"))
         .output()
         .unwrap();
+    assert_eq!(output.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&output.stderr).contains("--load \"extreme\""));
 }

@@ -44,7 +44,15 @@ fn main() {
         // The library's errors already carry their cause in their message;
         // the chain would repeat it.
         eprintln!("starling-coordinator: {error}");
-        std::process::exit(1);
+        // A setting the command cannot use is a usage error, like clap's own.
+        let usage = matches!(
+            error.downcast_ref(),
+            Some(starling_coordinator::train::TrainCommandError::Usage(_))
+        ) || matches!(
+            error.downcast_ref(),
+            Some(starling_coordinator::simulate::SimCommandError::Usage(_))
+        );
+        std::process::exit(if usage { 2 } else { 1 });
     }
 }
 
