@@ -18,7 +18,8 @@ use crate::limits::{
     MAX_INLINE_INPUT_BYTES, MAX_INLINE_OUTPUT_BYTES, MAX_MESSAGE_BYTES, MAX_NESTING_DEPTH,
 };
 use crate::{
-    Assignment, Cancel, Capability, EventAck, Status, TaskEvent, Telemetry, PROTOCOL_VERSION,
+    Assignment, Cancel, Capability, EventAck, SiteDigest, Status, TaskEvent, Telemetry,
+    PROTOCOL_VERSION,
 };
 
 /// Why bytes could not be decoded into a message.
@@ -122,6 +123,16 @@ message!(Telemetry, "telemetry");
 message!(Status, "status");
 message!(Cancel, "cancel");
 message!(EventAck, "event ack");
+
+impl Message for SiteDigest {
+    const NAME: &'static str = "site digest";
+    fn version(&self) -> u16 {
+        self.v
+    }
+    fn check(&self) -> Result<(), String> {
+        self.problems().map_or(Ok(()), Err)
+    }
+}
 
 impl Message for Assignment {
     const NAME: &'static str = "assignment";

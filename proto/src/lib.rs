@@ -18,6 +18,7 @@ pub mod capability;
 pub mod codec;
 pub mod ids;
 pub mod limits;
+pub mod site;
 pub mod status;
 pub mod task;
 pub mod telemetry;
@@ -29,6 +30,7 @@ pub use capability::{
 };
 pub use codec::{decode, encode, DecodeError, EncodeError, Message};
 pub use ids::{Digest, IdError, Label, NodeId, TaskId};
+pub use site::{ClassCapacity, PowerBand, SiteDigest, SiteId, WorkClass};
 pub use status::{NodeState, Status};
 pub use task::{
     Assignment, Cancel, EventAck, ExecLimits, ExecMetrics, FailureReason, Grants,
