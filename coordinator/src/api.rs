@@ -235,6 +235,9 @@ pub struct TaskSummary {
     pub updated_ms: u64,
     /// Failure code, for failed tasks.
     pub reason: Option<String>,
+    /// The site its current attempt was forwarded to; absent when it runs here.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub site: Option<String>,
 }
 
 /// The task list.
@@ -277,6 +280,15 @@ pub struct TaskDetail {
     pub updated_ms: u64,
     /// The node of its current or last attempt.
     pub node_id: Option<String>,
+    /// The site its current attempt was forwarded to; absent when it runs here.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub site: Option<String>,
+    /// The node at that site that ran it, as the site reported.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub site_node: Option<String>,
+    /// For a task another site forwarded here: that site.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub origin_site: Option<String>,
     /// Its current attempt (0 before the first).
     pub attempt: u32,
     /// The power level chosen for the current attempt.
@@ -353,10 +365,20 @@ impl utoipa::Modify for BearerToken {
         revoke_node,
         create_api_token,
         list_api_tokens,
-        revoke_api_token
+        revoke_api_token,
+        crate::federation::rest::list_sites,
+        crate::federation::rest::accept_forward,
+        crate::federation::rest::forward_status,
+        crate::federation::rest::cancel_forward
     ),
     components(schemas(
         ApiError,
+        crate::federation::rest::SiteList,
+        crate::federation::SiteEntry,
+        crate::federation::SiteState,
+        crate::federation::wire::ForwardRequest,
+        crate::federation::wire::ForwardAccepted,
+        crate::federation::wire::ForwardStatus,
         Health,
         NodeSummary,
         NodeList,
@@ -422,6 +444,19 @@ pub(crate) fn router(shared: Arc<Shared>) -> Router {
             post(create_api_token).get(list_api_tokens),
         )
         .route("/api/v1/api-tokens/{id}/revoke", post(revoke_api_token))
+        .route("/api/v1/sites", get(crate::federation::rest::list_sites))
+        .route(
+            "/api/v1/federation/tasks",
+            post(crate::federation::rest::accept_forward),
+        )
+        .route(
+            "/api/v1/federation/tasks/{site}/{task}",
+            get(crate::federation::rest::forward_status),
+        )
+        .route(
+            "/api/v1/federation/tasks/{site}/{task}/cancel",
+            post(crate::federation::rest::cancel_forward),
+        )
         .route("/metrics", get(metrics))
         .fallback(not_found)
         .layer(DefaultBodyLimit::max(MAX_JSON_BODY_BYTES))
@@ -449,6 +484,9 @@ enum RouteAccess {
     Public,
     /// A bearer token with at least this role.
     Role(Role),
+    /// Another site of the federation: the peer token derived from the
+    /// cluster key, required whether or not API tokens are enforced.
+    Peer,
 }
 
 /// Every route with the access it needs. The middleware looks each request's
@@ -485,6 +523,22 @@ const ROUTES: &[(Method, &str, RouteAccess)] = &[
         RouteAccess::Role(Role::Viewer),
     ),
     (Method::GET, "/metrics", RouteAccess::Role(Role::Viewer)),
+    (
+        Method::GET,
+        "/api/v1/sites",
+        RouteAccess::Role(Role::Viewer),
+    ),
+    (Method::POST, "/api/v1/federation/tasks", RouteAccess::Peer),
+    (
+        Method::GET,
+        "/api/v1/federation/tasks/{site}/{task}",
+        RouteAccess::Peer,
+    ),
+    (
+        Method::POST,
+        "/api/v1/federation/tasks/{site}/{task}/cancel",
+        RouteAccess::Peer,
+    ),
     (
         Method::POST,
         "/api/v1/artifacts",
@@ -581,9 +635,6 @@ async fn caller_role(
 /// before the body is read: a refused request changes nothing. Without a
 /// bootstrap token (`--api-token`) nothing is enforced; `start` warns.
 async fn authorize(State(shared): State<Arc<Shared>>, request: Request, next: Next) -> Response {
-    let Some(bootstrap) = shared.api_token.as_deref() else {
-        return next.run(request).await;
-    };
     // No matched route: the fallback answers 404 and touches nothing.
     let Some(route) = request
         .extensions()
@@ -594,7 +645,11 @@ async fn authorize(State(shared): State<Arc<Shared>>, request: Request, next: Ne
     };
     let needed = match required_access(request.method(), &route) {
         RouteAccess::Public => return next.run(request).await,
+        RouteAccess::Peer => return authorize_peer(&shared, request, next).await,
         RouteAccess::Role(role) => role,
+    };
+    let Some(bootstrap) = shared.api_token.as_deref() else {
+        return next.run(request).await;
     };
     let has_header = request.headers().contains_key(header::AUTHORIZATION);
     // Copied out: the request's body is not Sync, so no reference to it may
@@ -623,6 +678,33 @@ async fn authorize(State(shared): State<Arc<Shared>>, request: Request, next: Ne
             "this coordinator requires an API token; send Authorization: Bearer TOKEN (starling --token, STARLING_API_TOKEN)",
         ),
         Err(error) => error.into_response(),
+    }
+}
+
+/// Lets through only a peer of the federation: the request must carry the
+/// peer token derived from the cluster key (compared in constant time).
+async fn authorize_peer(shared: &Shared, request: Request, next: Next) -> Response {
+    let Some(federation) = shared.federation.as_ref() else {
+        return ApiError::new(
+            StatusCode::NOT_FOUND,
+            "not_federated",
+            "this coordinator does not federate; start it with --site and --cluster-key",
+        )
+        .into_response();
+    };
+    let given = request
+        .headers()
+        .get(header::AUTHORIZATION)
+        .and_then(|value| value.to_str().ok())
+        .and_then(|value| value.strip_prefix("Bearer "))
+        .unwrap_or("");
+    if access::constant_time_eq(
+        access::sha256_hex(given).as_bytes(),
+        access::sha256_hex(&federation.peer_token).as_bytes(),
+    ) {
+        next.run(request).await
+    } else {
+        unauthorized("federation routes are for the sites of this federation: send the peer token derived from the same --cluster-key")
     }
 }
 
@@ -1571,6 +1653,7 @@ fn task_summary(record: TaskRecord) -> TaskSummary {
         created_ms: record.spec.created_ms,
         updated_ms: record.updated_ms,
         reason: record.failure_reason,
+        site: record.site,
     }
 }
 
@@ -1647,6 +1730,9 @@ async fn task_detail(shared: &Shared, id: &str) -> Result<TaskDetail, ApiError> 
         created_ms: spec.created_ms,
         updated_ms: record.updated_ms,
         node_id: record.node_id,
+        site: record.site,
+        site_node: record.site_node,
+        origin_site: record.origin.map(|(site, _)| site),
         attempt: record.attempt,
         power_level: record.power_level,
         exit_code: record.exit_code,
@@ -1712,7 +1798,7 @@ async fn cancel_task(
     Ok((status, Json(task_detail(&shared, &id).await?)))
 }
 
-async fn send_cancel(
+pub(crate) async fn send_cancel(
     shared: &Shared,
     task_id: &str,
     node_id: &str,
@@ -1837,6 +1923,37 @@ async fn metrics(State(shared): State<Arc<Shared>>) -> Result<Response, ApiError
         "Cancels sent to nodes reporting work on an attempt that is no longer current.",
         &[(String::new(), counters.stale_cancels.load(Relaxed))],
     );
+    if let Some(federation) = &shared.federation {
+        let gossip = federation.gossip.counters();
+        let sites = federation.gossip.table().entries(std::time::Instant::now());
+        let states: Vec<(String, u64)> = ["alive", "suspect", "down"]
+            .into_iter()
+            .map(|state| {
+                let count = sites
+                    .iter()
+                    .filter(|entry| entry.state.as_str() == state)
+                    .count();
+                (format!("{{state=\"{state}\"}}"), count as u64)
+            })
+            .collect();
+        metric(
+            "starling_federation_sites",
+            "gauge",
+            "Other sites of the federation by failure-detector state.",
+            &states,
+        );
+        for (name, help, counter) in [
+            ("starling_gossip_datagrams_sent_total", "Gossip datagrams sent.", &gossip.datagrams_out),
+            ("starling_gossip_bytes_sent_total", "Gossip bytes sent, sealed.", &gossip.bytes_out),
+            ("starling_gossip_datagrams_received_total", "Gossip datagrams received.", &gossip.datagrams_in),
+            ("starling_gossip_bytes_received_total", "Gossip bytes received.", &gossip.bytes_in),
+            ("starling_gossip_datagrams_refused_total", "Gossip datagrams dropped: not sealed with the cluster key, or over the size bound.", &gossip.refused),
+            ("starling_gossip_datagrams_malformed_total", "Authenticated gossip datagrams the membership protocol could not use.", &gossip.malformed),
+            ("starling_gossip_digests_dropped_total", "Site digests dropped because they did not decode.", &gossip.digests_dropped),
+        ] {
+            metric(name, "counter", help, &[(String::new(), counter.load(Relaxed))]);
+        }
+    }
     Ok(([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text).into_response())
 }
 

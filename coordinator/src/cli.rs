@@ -112,6 +112,9 @@ pub enum Command {
     Up(crate::up::UpArgs),
     /// List nodes: id, online, architecture, cores, memory, load.
     Nodes,
+    /// List the sites of the federation as this coordinator sees them: state by the failure
+    /// detector, REST URL, digest age, round trip, free slots, queue.
+    Sites,
     /// Show one node (`starling node ID`), or revoke it (`starling node revoke ID`).
     Node(NodeArgs),
     /// Join tokens that let agents enroll (operator role).
@@ -362,6 +365,15 @@ async fn dispatch(cli: &Cli, client: &Client) -> Result<i32, CliError> {
                 print_json(&nodes)?;
             } else {
                 print_nodes(&nodes);
+            }
+            Ok(EXIT_OK)
+        }
+        Command::Sites => {
+            let sites = client.sites().await?;
+            if cli.json {
+                print_json(&sites)?;
+            } else {
+                print_sites(&sites);
             }
             Ok(EXIT_OK)
         }
@@ -818,6 +830,47 @@ fn print_nodes(nodes: &[NodeSummary]) {
             node.cpu_load
                 .map(|load| format!("{:.0}%", load * 100.0))
                 .unwrap_or_else(|| "-".to_string())
+        );
+    }
+}
+
+fn print_sites(list: &crate::federation::rest::SiteList) {
+    if !list.federated {
+        println!("this coordinator does not federate; start it with --site NAME --cluster-key KEY [--seed ADDR]");
+        return;
+    }
+    println!(
+        "{:<20} {:<8} {:<22} {:<28} {:>7} {:>7} {:>5} {:>7} {:>7}",
+        "SITE", "STATE", "GOSSIP", "API", "DIGEST", "RTT", "NODES", "FREE", "PENDING"
+    );
+    let age = |ms: Option<u64>| {
+        ms.map_or_else(
+            || "-".to_string(),
+            |ms| format!("{:.1}s", ms as f64 / 1000.0),
+        )
+    };
+    for site in &list.sites {
+        let digest = site.digest.as_ref();
+        println!(
+            "{:<20} {:<8} {:<22} {:<28} {:>7} {:>7} {:>5} {:>7} {:>7}",
+            site.site,
+            site.state.as_str(),
+            site.gossip_addr.as_deref().unwrap_or("-"),
+            site.api_url.as_deref().unwrap_or("-"),
+            age(site.digest_age_ms),
+            site.rtt_ms
+                .map_or_else(|| "-".to_string(), |ms| format!("{ms:.0}ms")),
+            digest.map_or_else(|| "-".to_string(), |d| d.nodes.to_string()),
+            digest.map_or_else(
+                || "-".to_string(),
+                |d| d
+                    .classes
+                    .iter()
+                    .map(|c| u32::from(c.free_slots))
+                    .sum::<u32>()
+                    .to_string()
+            ),
+            digest.map_or_else(|| "-".to_string(), |d| d.pending.to_string()),
         );
     }
 }

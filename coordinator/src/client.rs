@@ -173,6 +173,12 @@ impl Client {
         self.send(self.http.get(&url), &url).await
     }
 
+    /// `GET /sites`.
+    pub async fn sites(&self) -> Result<crate::federation::rest::SiteList, ClientError> {
+        let url = self.url("/sites");
+        self.send(self.http.get(&url), &url).await
+    }
+
     /// `GET /nodes/{id}`.
     pub async fn node(&self, id: &str) -> Result<NodeDetail, ClientError> {
         let url = self.url(&format!("/nodes/{id}"));

@@ -92,6 +92,34 @@ pub struct CoordinatorConfig {
     pub mqtt_server_tls: Option<crate::server_tls::ServerTls>,
     /// The REST API's certificate and key: with them it serves HTTPS only.
     pub rest_tls: Option<crate::server_tls::ServerTls>,
+    /// Gossip federation with other sites' coordinators; `None` serves one site alone.
+    pub federation: Option<FederationConfig>,
+}
+
+/// The default UDP address gossip binds.
+pub const DEFAULT_GOSSIP_LISTEN: &str = "127.0.0.1:7946";
+/// Bandwidth assumed between sites when estimating a forward's transfers.
+pub const DEFAULT_SITE_LINK_MBPS: f64 = 100.0;
+/// How long a forward may go unanswered by its peer before it is taken back.
+pub const DEFAULT_FORWARD_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// How this coordinator joins a federation of sites.
+#[derive(Debug, Clone, PartialEq)]
+pub struct FederationConfig {
+    /// This site's name, unique in the federation.
+    pub site: String,
+    /// The UDP address gossip binds.
+    pub gossip_listen: SocketAddr,
+    /// The address peers reach gossip at, when not the bound one.
+    pub gossip_advertise: Option<SocketAddr>,
+    /// Gossip addresses of members to join through.
+    pub seeds: Vec<SocketAddr>,
+    /// The shared cluster key, base64 of 32 bytes.
+    pub cluster_key: String,
+    /// Bandwidth assumed between sites, Mbit/s.
+    pub link_mbps: f64,
+    /// How long a forward may go unanswered before it is taken back.
+    pub forward_timeout: Duration,
 }
 
 impl Default for CoordinatorConfig {
@@ -122,6 +150,7 @@ impl Default for CoordinatorConfig {
             mqtt_tls: MqttTlsFiles::default(),
             mqtt_server_tls: None,
             rest_tls: None,
+            federation: None,
         }
     }
 }
@@ -209,6 +238,20 @@ pub struct FileConfig {
     pub tls_cert: Option<PathBuf>,
     /// `--tls-key`.
     pub tls_key: Option<PathBuf>,
+    /// `--site`.
+    pub site: Option<String>,
+    /// `--gossip-listen`.
+    pub gossip_listen: Option<String>,
+    /// `--gossip-advertise`.
+    pub gossip_advertise: Option<String>,
+    /// `--seed`, one or more.
+    pub seeds: Option<Vec<String>>,
+    /// `--cluster-key`.
+    pub cluster_key: Option<String>,
+    /// `--site-link-mbps`.
+    pub site_link_mbps: Option<f64>,
+    /// `--forward-timeout`.
+    pub forward_timeout: Option<String>,
 }
 
 /// Settings given on the command line or in the environment (clap merges those
@@ -318,6 +361,40 @@ pub struct ServeArgs {
     /// The private key (PEM) of --tls-cert.
     #[arg(long, env = "STARLING_TLS_KEY", value_name = "FILE")]
     pub tls_key: Option<PathBuf>,
+    /// Federate with other sites under this site name (needs --cluster-key): gossip membership
+    /// and capacity, and forward work that cannot meet its deadline here.
+    #[arg(long, env = "STARLING_SITE", value_name = "NAME")]
+    pub site: Option<String>,
+    /// UDP address gossip binds [default: 127.0.0.1:7946].
+    #[arg(long, env = "STARLING_GOSSIP_LISTEN", value_name = "ADDR")]
+    pub gossip_listen: Option<String>,
+    /// Address other sites reach gossip at, when not --gossip-listen (bound to 0.0.0.0, NAT).
+    #[arg(long, env = "STARLING_GOSSIP_ADVERTISE", value_name = "ADDR")]
+    pub gossip_advertise: Option<String>,
+    /// Gossip address of a site to join through; repeat for several (comma-separated in the env).
+    #[arg(
+        long = "seed",
+        env = "STARLING_SEEDS",
+        value_name = "ADDR",
+        value_delimiter = ','
+    )]
+    pub seeds: Vec<String>,
+    /// The federation's shared key, base64 of 32 bytes (`starling-coordinator cluster-key` makes
+    /// one): it seals every gossip datagram and authenticates forwards between sites.
+    #[arg(
+        long,
+        env = "STARLING_CLUSTER_KEY",
+        value_name = "KEY",
+        hide_env_values = true
+    )]
+    pub cluster_key: Option<String>,
+    /// Bandwidth assumed between sites when estimating a forward, Mbit/s [default: 100].
+    #[arg(long, env = "STARLING_SITE_LINK_MBPS", value_name = "MBPS")]
+    pub site_link_mbps: Option<f64>,
+    /// How long a forward may go unanswered by its peer before it is taken back and
+    /// placed again, like 10s [default: 10s].
+    #[arg(long, env = "STARLING_FORWARD_TIMEOUT", value_name = "DURATION")]
+    pub forward_timeout: Option<String>,
 }
 
 /// Why the settings could not be assembled.
@@ -357,6 +434,9 @@ pub enum ConfigError {
         /// The key's flag.
         key: &'static str,
     },
+    /// Federation settings that do not go together.
+    #[error("{0}")]
+    Federation(String),
     /// An address is not `IP:PORT`.
     #[error("{setting} {value:?} is not an address like 127.0.0.1:7878")]
     Address {
@@ -444,7 +524,9 @@ impl ServeArgs {
         let pick = |flag: &Option<String>, from_file: &Option<String>| {
             flag.clone().or_else(|| from_file.clone())
         };
+        let federation = self.federation(&file, &duration)?;
         Ok(CoordinatorConfig {
+            federation,
             listen: match pick(&self.listen, &file.listen) {
                 Some(value) => parse_addr("--listen", &value)?,
                 None => defaults.listen,
@@ -512,6 +594,81 @@ impl ServeArgs {
             ..defaults
         })
     }
+
+    /// The federation settings: all or nothing around --site and --cluster-key.
+    fn federation(
+        &self,
+        file: &FileConfig,
+        duration: &dyn Fn(
+            &'static str,
+            &Option<String>,
+            &Option<String>,
+            Duration,
+        ) -> Result<Duration, ConfigError>,
+    ) -> Result<Option<FederationConfig>, ConfigError> {
+        let site = self.site.clone().or_else(|| file.site.clone());
+        let key = self
+            .cluster_key
+            .clone()
+            .or_else(|| file.cluster_key.clone());
+        let seeds = if self.seeds.is_empty() {
+            file.seeds.clone().unwrap_or_default()
+        } else {
+            self.seeds.clone()
+        };
+        let (site, cluster_key) = match (site, key) {
+            (Some(site), Some(key)) => (site, key),
+            (None, None) if seeds.is_empty() => return Ok(None),
+            (None, _) => {
+                return Err(ConfigError::Federation(
+                    "--cluster-key and --seed need --site: name this coordinator's site to federate".into(),
+                ))
+            }
+            (Some(_), None) => {
+                return Err(ConfigError::Federation(
+                    "--site needs --cluster-key: every federation message is sealed with it (make one with `starling-coordinator cluster-key`)".into(),
+                ))
+            }
+        };
+        starling_proto::SiteId::new(&site)
+            .map_err(|error| ConfigError::Federation(format!("--site {site:?}: {error}")))?;
+        let gossip_listen = self
+            .gossip_listen
+            .clone()
+            .or_else(|| file.gossip_listen.clone())
+            .unwrap_or_else(|| DEFAULT_GOSSIP_LISTEN.to_string());
+        let link_mbps = self
+            .site_link_mbps
+            .or(file.site_link_mbps)
+            .unwrap_or(DEFAULT_SITE_LINK_MBPS);
+        if !(link_mbps.is_finite() && link_mbps > 0.0) {
+            return Err(ConfigError::Federation(format!(
+                "--site-link-mbps {link_mbps} must be a positive number"
+            )));
+        }
+        Ok(Some(FederationConfig {
+            site,
+            gossip_listen: parse_addr("--gossip-listen", &gossip_listen)?,
+            gossip_advertise: self
+                .gossip_advertise
+                .clone()
+                .or_else(|| file.gossip_advertise.clone())
+                .map(|value| parse_addr("--gossip-advertise", &value))
+                .transpose()?,
+            seeds: seeds
+                .iter()
+                .map(|seed| parse_addr("--seed", seed))
+                .collect::<Result<_, _>>()?,
+            cluster_key,
+            link_mbps,
+            forward_timeout: duration(
+                "--forward-timeout",
+                &self.forward_timeout,
+                &file.forward_timeout,
+                DEFAULT_FORWARD_TIMEOUT,
+            )?,
+        }))
+    }
 }
 
 #[cfg(test)]
@@ -569,6 +726,59 @@ mod tests {
             };
             let error = args.resolve().unwrap_err().to_string();
             assert!(error.contains("--node-timeout"), "{bad}: {error}");
+        }
+    }
+
+    #[test]
+    fn federation_settings_come_together_or_not_at_all() {
+        assert_eq!(ServeArgs::default().resolve().unwrap().federation, None);
+        let key = crate::federation::ClusterKey::generate().unwrap();
+        let args = ServeArgs {
+            site: Some("plant-a".into()),
+            cluster_key: Some(key.clone()),
+            seeds: vec!["10.0.0.1:7946".into(), "10.0.0.2:7946".into()],
+            forward_timeout: Some("3s".into()),
+            ..ServeArgs::default()
+        };
+        let federation = args.resolve().unwrap().federation.unwrap();
+        assert_eq!(federation.seeds.len(), 2);
+        assert_eq!(federation.forward_timeout, Duration::from_secs(3));
+        assert_eq!(federation.link_mbps, DEFAULT_SITE_LINK_MBPS);
+        for (args, says) in [
+            (
+                ServeArgs {
+                    site: Some("plant-a".into()),
+                    ..ServeArgs::default()
+                },
+                "--cluster-key",
+            ),
+            (
+                ServeArgs {
+                    seeds: vec!["10.0.0.1:7946".into()],
+                    ..ServeArgs::default()
+                },
+                "--site",
+            ),
+            (
+                ServeArgs {
+                    site: Some("plant a".into()),
+                    cluster_key: Some(key.clone()),
+                    ..ServeArgs::default()
+                },
+                "--site",
+            ),
+            (
+                ServeArgs {
+                    site: Some("plant-a".into()),
+                    cluster_key: Some(key.clone()),
+                    seeds: vec!["nowhere".into()],
+                    ..ServeArgs::default()
+                },
+                "--seed",
+            ),
+        ] {
+            let error = args.resolve().unwrap_err().to_string();
+            assert!(error.contains(says), "{error}");
         }
     }
 

@@ -22,6 +22,7 @@ pub mod broker;
 pub mod cli;
 pub mod client;
 pub mod config;
+pub mod federation;
 pub mod ingest;
 pub mod liveness;
 pub mod manifest;
@@ -130,6 +131,9 @@ pub enum StartError {
         /// The policy asked for.
         policy: String,
     },
+    /// Federation could not start.
+    #[error(transparent)]
+    Federation(#[from] federation::FederationError),
     /// The topic prefix is invalid.
     #[error("{0}; pass --topic-prefix like starling/v1")]
     TopicPrefix(#[from] starling_proto::TopicError),
@@ -170,6 +174,8 @@ pub(crate) struct Shared {
     /// about the nodes, so failure detection waits for it (see `liveness`).
     pub(crate) broker_up_since_ms: std::sync::atomic::AtomicU64,
     pub(crate) counters: Counters,
+    /// Membership of a federation of sites, when `--site` is set.
+    pub(crate) federation: Option<Arc<federation::Federation>>,
 }
 
 /// Counters exported on `GET /metrics`.
@@ -291,11 +297,19 @@ impl Running {
 
     /// The one line `serve` prints when ready; tests parse it.
     pub fn ready_line(&self) -> String {
-        format!(
+        let mut line = format!(
             "starling-coordinator ready rest={} mqtt={}",
             self.rest_url(),
             self.mqtt_url
-        )
+        );
+        if let Some(federation) = &self.shared.federation {
+            line.push_str(&format!(
+                " site={} gossip={}",
+                federation.site,
+                federation.gossip.local_addr()
+            ));
+        }
+        line
     }
 
     /// Stops serving: the REST server drains, the MQTT client disconnects, the
@@ -540,6 +554,17 @@ pub async fn start(config: CoordinatorConfig) -> Result<Running, StartError> {
         );
     }
 
+    let federation = match &config.federation {
+        Some(settings) => match federation::Federation::start(settings).await {
+            Ok(federation) => Some(federation),
+            Err(error) => {
+                store.close().await;
+                return Err(error.into());
+            }
+        },
+        None => None,
+    };
+
     let shared = Arc::new(Shared {
         store,
         registry: RwLock::new(Registry::new()),
@@ -558,6 +583,7 @@ pub async fn start(config: CoordinatorConfig) -> Result<Running, StartError> {
         wake_scheduler: Notify::new(),
         broker_up_since_ms: std::sync::atomic::AtomicU64::new(task::unix_now_ms()),
         counters: Counters::default(),
+        federation: federation.clone(),
     });
     let (stop, stop_rx) = watch::channel(false);
     let (messages_tx, messages_rx) = tokio::sync::mpsc::channel(1024);
@@ -579,6 +605,13 @@ pub async fn start(config: CoordinatorConfig) -> Result<Running, StartError> {
         tokio::spawn(outbox::run(shared.clone(), stop_rx.clone())),
         tokio::spawn(liveness::run(shared.clone(), stop_rx.clone())),
     ];
+    if let Some(federation) = federation {
+        tasks.extend(federation::spawn(
+            shared.clone(),
+            federation,
+            stop_rx.clone(),
+        ));
+    }
     let router = api::router(shared.clone());
     let mut http_stop = stop_rx;
     tasks.push(tokio::spawn(async move {

@@ -6,6 +6,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use starling_placement::federation::{commit, route, RemoteSite, Route};
 use starling_placement::{
     ClusterView, Constraints, Demand, NodeView, Outcome, PendingTask, Policy, TaskClass,
 };
@@ -17,7 +18,7 @@ use crate::task::{unix_now_ms, TaskKind, TaskStatus};
 use crate::Shared;
 
 /// Most pending tasks handed to the policy in one round.
-const QUEUE_WINDOW: u32 = 256;
+pub(crate) const QUEUE_WINDOW: u32 = 256;
 /// Most in-flight tasks accounted in the cluster view.
 const IN_FLIGHT_WINDOW: u32 = 4096;
 
@@ -36,6 +37,8 @@ pub struct RoundSummary {
     pub placed: usize,
     /// Tasks the policy held back.
     pub held: usize,
+    /// Tasks sent to another site.
+    pub forwarded: usize,
 }
 
 /// Runs rounds when woken (new task, node change, finished task) and at least
@@ -128,15 +131,23 @@ fn cluster_view(shared: &Shared, now_ms: u64) -> (ClusterView, Vec<ViewNode>) {
     (ClusterView { now_ms, nodes }, ids)
 }
 
-/// One round: place what the policy places, record why the rest waits.
-pub(crate) async fn schedule_round(
+/// What the policy sees in one round: the cluster, with work in flight
+/// committed, and the pending queue.
+pub(crate) struct Snapshot {
+    /// The cluster view.
+    pub(crate) view: ClusterView,
+    ids: Vec<ViewNode>,
+    /// The pending tasks, in queue order.
+    pub(crate) pending: Vec<TaskRecord>,
+    /// Their placement views; `queue[i].key == i`.
+    pub(crate) queue: Vec<PendingTask>,
+}
+
+/// The view the policy and the site digest are computed from.
+pub(crate) async fn snapshot(
     shared: &Shared,
-    policy: &mut dyn Policy,
-) -> Result<RoundSummary, ScheduleError> {
-    let pending = shared.store.pending_tasks(QUEUE_WINDOW).await?;
-    if pending.is_empty() {
-        return Ok(RoundSummary::default());
-    }
+    pending: Vec<TaskRecord>,
+) -> Result<Snapshot, StoreError> {
     let now_ms = unix_now_ms();
     let (mut view, ids) = cluster_view(shared, now_ms);
     // Work already out on nodes occupies them; the view must say so. A node's
@@ -162,11 +173,42 @@ pub(crate) async fn schedule_round(
         let task = pending_task(u64::MAX, &record);
         view.commit(index, &task, record.power_level.unwrap_or(0));
     }
-    let queue: Vec<PendingTask> = pending
+    let queue = pending
         .iter()
         .enumerate()
         .map(|(index, record)| pending_task(index as u64, record))
         .collect();
+    Ok(Snapshot {
+        view,
+        ids,
+        pending,
+        queue,
+    })
+}
+
+/// One round: place what the policy places (here, or at a peer site when
+/// federated and the task cannot meet its deadline here), record why the
+/// rest waits.
+pub(crate) async fn schedule_round(
+    shared: &Shared,
+    policy: &mut dyn Policy,
+) -> Result<RoundSummary, ScheduleError> {
+    let pending = shared.store.pending_tasks(QUEUE_WINDOW).await?;
+    if pending.is_empty() {
+        return Ok(RoundSummary::default());
+    }
+    let Snapshot {
+        view,
+        ids,
+        pending,
+        queue,
+    } = snapshot(shared, pending).await?;
+    let now_ms = view.now_ms;
+    let mut sites = shared
+        .federation
+        .as_ref()
+        .map(|federation| federation.remote_sites(&[]))
+        .unwrap_or_default();
     let decisions = policy.decide(&view, &queue);
 
     let mut summary = RoundSummary::default();
@@ -181,6 +223,14 @@ pub(crate) async fn schedule_round(
             );
             continue;
         };
+        // Tasks forwarded here are never forwarded again: one hop, no loops.
+        if !sites.is_empty() && record.origin.is_none() {
+            let task = &queue[index_of(&decision)];
+            if forward(shared, &mut sites, record, task, &decision, now_ms).await? {
+                summary.forwarded += 1;
+                continue;
+            }
+        }
         let explanation = serde_json::to_value(&decision.explanation)
             .unwrap_or_else(|error| serde_json::json!({ "error": error.to_string() }));
         match decision.outcome {
@@ -234,6 +284,76 @@ pub(crate) async fn schedule_round(
         }
     }
     Ok(summary)
+}
+
+fn index_of(decision: &starling_placement::Decision) -> usize {
+    usize::try_from(decision.task_key).unwrap_or(usize::MAX)
+}
+
+/// Forwards `record` to a peer site when the engine says it cannot meet its
+/// deadline here and a peer can; true when forwarded.
+async fn forward(
+    shared: &Shared,
+    sites: &mut [RemoteSite],
+    record: &TaskRecord,
+    task: &PendingTask,
+    decision: &starling_placement::Decision,
+    now_ms: u64,
+) -> Result<bool, StoreError> {
+    let Some(federation) = shared.federation.as_ref() else {
+        return Ok(false);
+    };
+    // A site this task was taken back from is not tried again for it.
+    let excluded = if record.attempt > 0 {
+        shared.store.abandoned_sites(&record.spec.id).await?
+    } else {
+        Vec::new()
+    };
+    let candidates: Vec<usize> = (0..sites.len())
+        .filter(|&i| {
+            !excluded
+                .iter()
+                .any(|site| site == sites[i].digest.site.as_str())
+        })
+        .collect();
+    let offered: Vec<RemoteSite> = candidates.iter().map(|&i| sites[i].clone()).collect();
+    let Route::Forward {
+        site,
+        finish_ms,
+        summary,
+    } = route(task, now_ms, decision, &offered)
+    else {
+        return Ok(false);
+    };
+    let chosen = &mut sites[candidates[site]];
+    let name = chosen.digest.site.to_string();
+    let api_url = chosen.digest.api_url.to_string();
+    let explanation = serde_json::json!({
+        "policy": decision.explanation.policy,
+        "summary": summary,
+        "forwarded_to": name,
+        "estimated_finish_ms": finish_ms,
+        "local": decision.explanation,
+    });
+    let attempt = record.attempt + 1;
+    if !shared
+        .store
+        .forward_task(
+            &record.spec.id,
+            attempt,
+            &name,
+            &api_url,
+            &explanation,
+            now_ms,
+        )
+        .await?
+    {
+        return Ok(false);
+    }
+    commit(chosen, task);
+    tracing::info!(task = %record.spec.id, site = %name, attempt, %summary, "task goes to another site");
+    federation.wake_forwarder.notify_one();
+    Ok(true)
 }
 
 /// The assignment for one attempt of a stored task to `node`, unsigned

@@ -1,6 +1,7 @@
 //! `starling-coordinator sim`: runs the placement engine's discrete-event
-//! simulator (every policy side by side at low, medium and high load) or the
-//! scale benchmark, and writes the report as Markdown, JSON and an SVG plot.
+//! simulator (every policy side by side at low, medium and high load), the
+//! multi-site federation comparison (`--sites`), or the scale benchmark, and
+//! writes the report as Markdown, JSON and (single site) an SVG plot.
 //! The engine is pure; this module brings the clock, the files and the
 //! progress bar.
 
@@ -9,7 +10,9 @@ use std::time::Instant;
 
 use indicatif::{ProgressBar, ProgressStyle};
 use starling_placement::sim::profiles::Fleet;
-use starling_placement::sim::{self, ScaleConfig, SimConfig, SimError, SimProgress, Stopwatch};
+use starling_placement::sim::{
+    self, ScaleConfig, SimConfig, SimError, SimProgress, SitesConfig, Stopwatch,
+};
 
 /// Arguments of `starling-coordinator sim`.
 #[derive(Debug, Clone, clap::Args)]
@@ -20,6 +23,9 @@ use starling_placement::sim::{self, ScaleConfig, SimConfig, SimError, SimProgres
   starling-coordinator sim --scale                       time one decision at 100, 1 000 and 10 000 nodes
   starling-coordinator sim --policies hirl,heuristic --model hirl.json   a model from `train` instead of the shipped one
   starling-coordinator sim --fleet unseen --nodes-per-profile 50         200 devices of profiles no model trained on
+  starling-coordinator sim --sites 3 --out bench/        federation off against on: site 0 overflowing, two
+                                                         peers lightly loaded; writes federation.md and .json
+  starling-coordinator sim --sites 4 --overflow-load 2 --site-rtt-ms 50 --gossip-interval-ms 500
 
 The same seed gives the same table, except the decision-time column, which is
 measured with the wall clock.")]
@@ -39,7 +45,8 @@ pub struct SimArgs {
     /// Policies to compare, comma-separated (default: all).
     #[arg(long, value_delimiter = ',', value_name = "NAME,...")]
     pub policies: Vec<String>,
-    /// Write the report here as sim.md, sim.json and sim.svg (scale.md and scale.json with --scale).
+    /// Write the report here as sim.md, sim.json and sim.svg (scale.md and
+    /// scale.json with --scale, federation.md and federation.json with --sites).
     #[arg(long, value_name = "DIR")]
     pub out: Option<PathBuf>,
     /// Print JSON instead of Markdown.
@@ -68,6 +75,29 @@ pub struct SimArgs {
     /// and the Jetson Nano).
     #[arg(long, default_value = "standard", value_name = "standard|unseen")]
     pub fleet: String,
+    /// Simulate this many sites, each with its own fleet and arrivals, and
+    /// compare federation (forwarding what a site cannot finish in time to a
+    /// peer) off against on; 0: a single site, the usual tables. Default
+    /// policies with sites: heuristic, least-loaded, earliest-finish.
+    #[arg(long, default_value_t = 0, value_name = "N")]
+    pub sites: usize,
+    /// With --sites: load offered to site 0, as a fraction of its capacity
+    /// (default 1.6: more than it can do).
+    #[arg(long, value_name = "FRACTION")]
+    pub overflow_load: Option<f64>,
+    /// With --sites: load offered to every other site (default 0.3).
+    #[arg(long, value_name = "FRACTION")]
+    pub site_load: Option<f64>,
+    /// With --sites: round-trip time between sites, ms (default 20).
+    #[arg(long, value_name = "MS")]
+    pub site_rtt_ms: Option<f64>,
+    /// With --sites: bandwidth between sites, Mbit/s (default 100).
+    #[arg(long, value_name = "MBPS")]
+    pub site_mbps: Option<f64>,
+    /// With --sites: milliseconds between two digests of a site (default
+    /// 1000); peers decide on digests up to this old.
+    #[arg(long, value_name = "MS")]
+    pub gossip_interval_ms: Option<u64>,
 }
 
 /// Why the simulator command failed.
@@ -128,7 +158,52 @@ pub fn run(args: &SimArgs) -> Result<(), SimCommandError> {
             )))
         }
     };
-    let files: Vec<(&str, String)> = if args.scale {
+    let site_flags = args.overflow_load.is_some()
+        || args.site_load.is_some()
+        || args.site_rtt_ms.is_some()
+        || args.site_mbps.is_some()
+        || args.gossip_interval_ms.is_some();
+    if args.sites == 0 && site_flags {
+        return Err(SimCommandError::Usage(
+            "--overflow-load, --site-load, --site-rtt-ms, --site-mbps and --gossip-interval-ms need --sites".to_owned(),
+        ));
+    }
+    if args.sites == 1 {
+        return Err(SimCommandError::Usage(
+            "--sites 1: federation needs at least 2 sites (0 runs the single-site tables)"
+                .to_owned(),
+        ));
+    }
+    if args.sites > 0 && args.scale {
+        return Err(SimCommandError::Usage(
+            "--sites and --scale are separate runs; pass one of them".to_owned(),
+        ));
+    }
+    let files: Vec<(&str, String)> = if args.sites > 0 {
+        let defaults = SitesConfig::default();
+        let mut config = SitesConfig {
+            sites: args.sites,
+            overflow_load: args.overflow_load.unwrap_or(defaults.overflow_load),
+            site_load: args.site_load.unwrap_or(defaults.site_load),
+            gossip_interval_ms: args
+                .gossip_interval_ms
+                .unwrap_or(defaults.gossip_interval_ms),
+            ..defaults
+        };
+        config.link.rtt_ms = args.site_rtt_ms.unwrap_or(config.link.rtt_ms);
+        config.link.bandwidth_mbps = args.site_mbps.unwrap_or(config.link.bandwidth_mbps);
+        config.sim.seed = args.seed;
+        config.sim.fleet = fleet;
+        config.sim.models = models;
+        apply_sim_flags(args, &mut config.sim);
+        let report = sim::run_sites(&config, &mut clock, &mut progress)?;
+        bar.finish_and_clear();
+        print_report(args.json, &report.to_markdown(), &report.to_json());
+        vec![
+            ("federation.md", report.to_markdown()),
+            ("federation.json", report.to_json()),
+        ]
+    } else if args.scale {
         let mut config = ScaleConfig {
             seed: args.seed,
             node_counts: args.scale_nodes.clone(),
@@ -153,18 +228,7 @@ pub fn run(args: &SimArgs) -> Result<(), SimCommandError> {
             models,
             ..SimConfig::default()
         };
-        if let Some(duration) = args.duration {
-            config.duration_s = duration;
-        }
-        if let Some(nodes) = args.nodes_per_profile {
-            config.nodes_per_profile = nodes;
-        }
-        if let Some(rate) = args.failure_rate {
-            config.failure_rate_per_hour = rate;
-        }
-        if !args.policies.is_empty() {
-            config.policies = args.policies.clone();
-        }
+        apply_sim_flags(args, &mut config);
         let report = sim::run(&config, &mut clock, &mut progress)?;
         bar.finish_and_clear();
         print_report(args.json, &report.to_markdown(), &report.to_json());
@@ -186,6 +250,22 @@ pub fn run(args: &SimArgs) -> Result<(), SimCommandError> {
         }
     }
     Ok(())
+}
+
+/// The flags a single-site run and each site of a multi-site run share.
+fn apply_sim_flags(args: &SimArgs, config: &mut SimConfig) {
+    if let Some(duration) = args.duration {
+        config.duration_s = duration;
+    }
+    if let Some(nodes) = args.nodes_per_profile {
+        config.nodes_per_profile = nodes;
+    }
+    if let Some(rate) = args.failure_rate {
+        config.failure_rate_per_hour = rate;
+    }
+    if !args.policies.is_empty() {
+        config.policies = args.policies.clone();
+    }
 }
 
 fn print_report(json: bool, markdown: &str, json_text: &str) {

@@ -151,6 +151,12 @@ pub struct TaskRecord {
     pub explanation: Option<serde_json::Value>,
     /// Whether a cancel was requested while an attempt ran.
     pub cancel_requested: bool,
+    /// The site the current attempt was forwarded to; `None` when it runs here.
+    pub site: Option<String>,
+    /// The node at that site that ran it, as the site reported.
+    pub site_node: Option<String>,
+    /// For a task forwarded here: the site it came from and its id there.
+    pub origin: Option<(String, String)>,
 }
 
 /// One stored task event.
@@ -289,7 +295,7 @@ impl OutboxRow {
 }
 
 #[derive(sqlx::FromRow)]
-struct TaskRow {
+pub(crate) struct TaskRow {
     id: String,
     artifact: String,
     runtime: String,
@@ -313,6 +319,10 @@ struct TaskRow {
     failure_message: Option<String>,
     explanation: Option<String>,
     cancel_requested: i64,
+    site: Option<String>,
+    site_node: Option<String>,
+    origin_site: Option<String>,
+    origin_task: Option<String>,
 }
 
 #[derive(sqlx::FromRow)]
@@ -338,23 +348,24 @@ struct AttemptRow {
     finished_ms: Option<i64>,
 }
 
-const TASK_COLUMNS: &str = "id, artifact, runtime, input, args, class, demand, limits, work_seconds, \
+pub(crate) const TASK_COLUMNS: &str = "id, artifact, runtime, input, args, class, demand, limits, work_seconds, \
      priority, deadline_unix_ms, created_ms, updated_ms, state, node_id, attempt, power_level, output, \
-     exit_code, failure_reason, failure_message, explanation, cancel_requested";
+     exit_code, failure_reason, failure_message, explanation, cancel_requested, site, site_node, \
+     origin_site, origin_task";
 
 /// Stores a u64 in a BIGINT column; values past i64::MAX (far beyond any
 /// timestamp or size the coordinator handles) saturate.
-fn to_db(value: u64) -> i64 {
+pub(crate) fn to_db(value: u64) -> i64 {
     i64::try_from(value).unwrap_or(i64::MAX)
 }
 
 /// Reads a BIGINT column back as u64; negative values cannot be written by
 /// [`to_db`] and read as 0.
-fn from_db(value: i64) -> u64 {
+pub(crate) fn from_db(value: i64) -> u64 {
     u64::try_from(value).unwrap_or(0)
 }
 
-fn corrupt(column: &'static str, detail: impl ToString) -> StoreError {
+pub(crate) fn corrupt(column: &'static str, detail: impl ToString) -> StoreError {
     StoreError::Corrupt {
         column,
         detail: detail.to_string(),
@@ -389,7 +400,7 @@ pub fn failure_reason_name(reason: starling_proto::FailureReason) -> String {
 }
 
 impl TaskRow {
-    fn into_record(self) -> Result<TaskRecord, StoreError> {
+    pub(crate) fn into_record(self) -> Result<TaskRecord, StoreError> {
         let spec = NewTask {
             artifact: Digest::parse(&self.artifact).map_err(|e| corrupt("tasks.artifact", e))?,
             runtime: runtime_from_str(&self.runtime)
@@ -425,6 +436,9 @@ impl TaskRow {
                 None => None,
             },
             cancel_requested: self.cancel_requested != 0,
+            site: self.site,
+            site_node: self.site_node,
+            origin: self.origin_site.zip(self.origin_task),
         })
     }
 }

@@ -8,7 +8,7 @@ use tracing_subscriber::EnvFilter;
 #[command(
     name = "starling-coordinator",
     version,
-    after_help = "Examples:\n  starling-coordinator serve\n  starling-coordinator serve --listen 0.0.0.0:7878 --public-url http://10.0.0.5:7878\n  starling-coordinator serve --broker mqtt://127.0.0.1:1883 --db postgres://postgres@127.0.0.1/starling\n  starling-coordinator serve --config /etc/starling/coordinator.toml\n  starling-coordinator sim --seed 42 --out bench/\n  starling-coordinator train --policy hirl --out hirl.json\n\nEvery flag can also be set by its STARLING_* environment variable or in the --config file;\nflags win over the environment, which wins over the file."
+    after_help = "Examples:\n  starling-coordinator serve\n  starling-coordinator serve --listen 0.0.0.0:7878 --public-url http://10.0.0.5:7878\n  starling-coordinator serve --broker mqtt://127.0.0.1:1883 --db postgres://postgres@127.0.0.1/starling\n  starling-coordinator serve --config /etc/starling/coordinator.toml\n  starling-coordinator sim --seed 42 --out bench/\n  starling-coordinator train --policy hirl --out hirl.json\n  starling-coordinator serve --site plant-a --cluster-key $(starling-coordinator cluster-key) --gossip-listen 10.0.0.5:7946 --seed 10.0.1.5:7946\n\nEvery flag can also be set by its STARLING_* environment variable or in the --config file;\nflags win over the environment, which wins over the file."
 )]
 struct Args {
     #[command(subcommand)]
@@ -24,6 +24,11 @@ enum Command {
     Sim(starling_coordinator::simulate::SimArgs),
     /// Train a learned placement policy (hirl or ddqn) in the simulator and write its model file.
     Train(starling_coordinator::train::TrainArgs),
+    /// Print a new random cluster key (base64, 32 bytes) for --cluster-key.
+    ClusterKey,
+    /// Run only the federation's gossip, with a synthetic site digest, printing what it sees as
+    /// JSON lines (for benchmarks and experiments with many members on one machine).
+    GossipMember(starling_coordinator::federation::member::GossipMemberArgs),
 }
 
 fn main() {
@@ -61,13 +66,19 @@ fn run(args: Args) -> anyhow::Result<()> {
         Command::Serve(serve) => serve,
         Command::Sim(sim) => return Ok(starling_coordinator::simulate::run(&sim)?),
         Command::Train(train) => return Ok(starling_coordinator::train::run(&train)?),
+        Command::ClusterKey => {
+            println!(
+                "{}",
+                starling_coordinator::federation::ClusterKey::generate()?
+            );
+            return Ok(());
+        }
+        Command::GossipMember(member) => {
+            return runtime()?.block_on(starling_coordinator::federation::member::run(member))
+        }
     };
     let config = serve.resolve()?;
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .map_err(|error| anyhow::anyhow!("cannot start the async runtime: {error}"))?;
-    runtime.block_on(async move {
+    runtime()?.block_on(async move {
         let running = starling_coordinator::start(config).await?;
         println!("{}", running.ready_line());
         shutdown_signal().await;
@@ -75,6 +86,13 @@ fn run(args: Args) -> anyhow::Result<()> {
         running.shutdown().await;
         Ok(())
     })
+}
+
+fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .map_err(|error| anyhow::anyhow!("cannot start the async runtime: {error}"))
 }
 
 async fn shutdown_signal() {

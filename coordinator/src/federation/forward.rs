@@ -1,0 +1,271 @@
+//! The home side of forwarding: sends each forwarded attempt to its peer
+//! (`POST /api/v1/federation/tasks`, idempotent on the origin task), then
+//! asks the peer how it stands until it ends, and records the result once.
+//!
+//! A forward is never lost: until the peer confirms it stored the task, the
+//! send is repeated; once a peer is declared down by the failure detector, or
+//! has not answered for `--forward-timeout`, the attempt is taken back
+//! (`take_back_forward`) and the task returns to this site's queue, where the
+//! scheduler places it at home or at another site (never the same one again).
+//! A forward is never counted twice: the peer keys the task on its origin, and
+//! only the open forward of the task's current attempt may record a result;
+//! the answer of a peer whose forward was taken back is ignored.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use base64::Engine;
+use reqwest::StatusCode;
+use tokio::sync::watch;
+
+use super::forward_store::{OpenForward, RemoteResult, TakenBack};
+use super::wire::{ForwardAccepted, ForwardRequest, ForwardStatus};
+use super::Federation;
+use crate::store::{StoreError, TaskRecord};
+use crate::task::unix_now_ms;
+use crate::Shared;
+
+/// How often open forwards are looked at when nothing wakes the loop.
+const POLL_INTERVAL: Duration = Duration::from_millis(500);
+/// Most forwards handled per pass.
+const BATCH: u32 = 256;
+
+/// What a call to a peer came to.
+#[derive(Debug)]
+enum PeerAnswer<T> {
+    /// It answered as hoped.
+    Ok(T),
+    /// It refused for good (4xx): retrying the same call cannot help.
+    Refused(String),
+    /// No usable answer (unreachable, timeout, 5xx): try again, or give up on the peer.
+    Silent(String),
+}
+
+/// Runs until told to stop.
+pub(crate) async fn run(
+    shared: Arc<Shared>,
+    federation: Arc<Federation>,
+    mut stop: watch::Receiver<bool>,
+) {
+    loop {
+        if let Err(error) = pass(&shared, &federation).await {
+            tracing::warn!(%error, "forwarding pass failed; retrying");
+        }
+        tokio::select! {
+            _ = federation.wake_forwarder.notified() => {}
+            _ = tokio::time::sleep(POLL_INTERVAL) => {}
+            _ = stop.wait_for(|stopped| *stopped) => return,
+        }
+    }
+}
+
+async fn pass(shared: &Shared, federation: &Federation) -> Result<(), StoreError> {
+    for forward in shared.store.open_forwards(BATCH).await? {
+        let Some(record) = shared.store.task(&forward.task_id).await? else {
+            continue;
+        };
+        if forward.accepted {
+            follow(shared, federation, &forward).await?;
+        } else {
+            send(shared, federation, &forward, &record).await?;
+        }
+    }
+    Ok(())
+}
+
+/// Sends (or sends again) a forward the peer has not confirmed.
+async fn send(
+    shared: &Shared,
+    federation: &Federation,
+    forward: &OpenForward,
+    record: &TaskRecord,
+) -> Result<(), StoreError> {
+    let spec = &record.spec;
+    let request = ForwardRequest {
+        origin_site: federation.site.to_string(),
+        origin_task: spec.id.clone(),
+        artifact: spec.artifact.to_hex(),
+        runtime: spec.runtime.as_str().to_string(),
+        input_base64: base64::engine::general_purpose::STANDARD.encode(&spec.input),
+        args: spec.args.clone(),
+        class: spec.class,
+        demand: spec.demand,
+        limits: spec.limits,
+        work_seconds: spec.work_seconds,
+        priority: spec.priority,
+        deadline_unix_ms: spec.deadline_unix_ms,
+        created_ms: spec.created_ms,
+    };
+    let url = format!("{}/api/v1/federation/tasks", forward.api_url);
+    let answer =
+        call::<ForwardAccepted>(federation, federation.http.post(&url).json(&request)).await;
+    match answer {
+        PeerAnswer::Ok(accepted) => {
+            tracing::info!(task = %spec.id, site = %forward.site, remote = %accepted.task_id, created = accepted.created, "task forwarded");
+            shared
+                .store
+                .forward_answered(&forward.task_id, forward.attempt, None, unix_now_ms())
+                .await
+        }
+        PeerAnswer::Refused(why) => {
+            take_back(shared, federation, forward, &format!("refused it: {why}")).await
+        }
+        PeerAnswer::Silent(why) => give_up_if_due(shared, federation, forward, &why).await,
+    }
+}
+
+/// Asks the peer how a forwarded task stands; records its end.
+async fn follow(
+    shared: &Shared,
+    federation: &Federation,
+    forward: &OpenForward,
+) -> Result<(), StoreError> {
+    let base = format!(
+        "{}/api/v1/federation/tasks/{}/{}",
+        forward.api_url, federation.site, forward.task_id
+    );
+    if forward.cancel_requested {
+        // Best effort each pass until the peer reports the task ended.
+        let _ =
+            call::<ForwardStatus>(federation, federation.http.post(format!("{base}/cancel"))).await;
+    }
+    let status = match call::<ForwardStatus>(federation, federation.http.get(&base)).await {
+        PeerAnswer::Ok(status) => status,
+        PeerAnswer::Refused(why) => {
+            return take_back(
+                shared,
+                federation,
+                forward,
+                &format!("no longer knows it: {why}"),
+            )
+            .await
+        }
+        PeerAnswer::Silent(why) => return give_up_if_due(shared, federation, forward, &why).await,
+    };
+    let now = unix_now_ms();
+    if !status.state.is_terminal() {
+        let running_on = status
+            .node_id
+            .as_deref()
+            .filter(|_| status.state.is_in_flight());
+        return shared
+            .store
+            .forward_answered(&forward.task_id, forward.attempt, running_on, now)
+            .await;
+    }
+    let output = match status
+        .output_base64
+        .as_deref()
+        .map(|text| base64::engine::general_purpose::STANDARD.decode(text))
+    {
+        Some(Ok(bytes)) => Some(bytes),
+        Some(Err(error)) => {
+            return take_back(
+                shared,
+                federation,
+                forward,
+                &format!("sent output that is not base64 ({error})"),
+            )
+            .await
+        }
+        None => None,
+    };
+    let result = RemoteResult {
+        status: status.state,
+        node: status.node_id.clone(),
+        output,
+        exit_code: status.exit_code,
+        failure_reason: status.reason.clone(),
+        failure_message: status.message.clone(),
+    };
+    if shared
+        .store
+        .finish_forward(&forward.task_id, forward.attempt, &result, now)
+        .await?
+    {
+        tracing::info!(task = %forward.task_id, site = %forward.site, node = ?status.node_id, state = %status.state, "forwarded task ended");
+        shared.wake_scheduler.notify_one();
+    }
+    Ok(())
+}
+
+/// Takes the attempt back once the peer is declared down or silent too long.
+async fn give_up_if_due(
+    shared: &Shared,
+    federation: &Federation,
+    forward: &OpenForward,
+    why: &str,
+) -> Result<(), StoreError> {
+    let down = !federation.gossip.table().is_alive(&forward.site);
+    let silent_ms = unix_now_ms().saturating_sub(forward.answered_ms);
+    let timeout_ms = u64::try_from(federation.forward_timeout.as_millis()).unwrap_or(u64::MAX);
+    if down {
+        take_back(
+            shared,
+            federation,
+            forward,
+            &format!("was declared down ({why})"),
+        )
+        .await
+    } else if silent_ms > timeout_ms {
+        take_back(
+            shared,
+            federation,
+            forward,
+            &format!("did not answer for {} s ({why})", silent_ms / 1000),
+        )
+        .await
+    } else {
+        tracing::debug!(task = %forward.task_id, site = %forward.site, %why, "peer did not answer; will ask again");
+        Ok(())
+    }
+}
+
+async fn take_back(
+    shared: &Shared,
+    _federation: &Federation,
+    forward: &OpenForward,
+    reason: &str,
+) -> Result<(), StoreError> {
+    let outcome = shared
+        .store
+        .take_back_forward(
+            &forward.task_id,
+            forward.attempt,
+            &format!("site {} {reason}", forward.site),
+            shared.max_attempts,
+            unix_now_ms(),
+        )
+        .await?;
+    if outcome != TakenBack::AlreadyEnded {
+        tracing::warn!(task = %forward.task_id, site = %forward.site, %reason, ?outcome, "forward taken back");
+        shared.wake_scheduler.notify_one();
+    }
+    Ok(())
+}
+
+/// One authenticated call to a peer, its JSON answer decoded.
+async fn call<T: serde::de::DeserializeOwned>(
+    federation: &Federation,
+    request: reqwest::RequestBuilder,
+) -> PeerAnswer<T> {
+    let response = match request.bearer_auth(&federation.peer_token).send().await {
+        Ok(response) => response,
+        Err(error) => return PeerAnswer::Silent(error.to_string()),
+    };
+    let status = response.status();
+    if status.is_server_error() || status == StatusCode::TOO_MANY_REQUESTS {
+        return PeerAnswer::Silent(format!("HTTP {status}"));
+    }
+    if !status.is_success() {
+        let body = response.text().await.unwrap_or_default();
+        return PeerAnswer::Refused(format!(
+            "HTTP {status}: {}",
+            body.chars().take(300).collect::<String>()
+        ));
+    }
+    match response.json::<T>().await {
+        Ok(value) => PeerAnswer::Ok(value),
+        Err(error) => PeerAnswer::Silent(format!("unreadable answer: {error}")),
+    }
+}

@@ -1,0 +1,279 @@
+//! Federation of sites: each coordinator serves one site and gossips a digest
+//! of it (free capacity per class and per power budget, queue, slack, watts,
+//! artifacts) to the others, with no central server. Work that cannot meet
+//! its deadline at home goes to the best peer over REST.
+//!
+//! Map: `key` (the cluster key: sealed datagrams, the peer token), `gossip`
+//! (foca's SWIM over UDP: membership, failure detection, digests), `sites`
+//! (the federation as seen from here, no I/O), `wire` (the REST bodies),
+//! `forward` (the home side: send, follow, take back), `forward_store` (its
+//! SQL), `rest` (the peer side and `GET /api/v1/sites`), `member` (a
+//! gossip-only process for benchmarks). The decision to forward is the
+//! placement engine's (`starling_placement::federation::route`), called by the
+//! scheduler with the peers' digests.
+
+mod forward;
+pub(crate) mod forward_store;
+pub mod gossip;
+pub mod key;
+pub mod member;
+pub(crate) mod rest;
+pub mod sites;
+pub mod wire;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use starling_placement::federation::{site_capacity, InterSiteLink, RemoteSite};
+use starling_proto::site::{DIGEST_URL_LEN, MAX_DIGEST_ARTIFACTS};
+use starling_proto::{SiteDigest, SiteId, PROTOCOL_VERSION};
+use tokio::sync::{watch, Notify};
+use tokio::task::JoinHandle;
+
+pub use gossip::{Gossip, GossipConfig, GossipError, GossipEvent};
+pub use key::ClusterKey;
+pub use sites::{SiteEntry, SiteState};
+
+use crate::config::FederationConfig;
+use crate::Shared;
+
+/// How often this site's capacity is looked at for a new digest.
+const DIGEST_CHECK: Duration = Duration::from_millis(500);
+/// How often peers' REST round trips are measured.
+const RTT_PROBE: Duration = Duration::from_secs(5);
+/// Round trip assumed for a peer not measured yet.
+const DEFAULT_RTT_MS: f64 = 20.0;
+
+/// Why federation could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum FederationError {
+    /// The cluster key is unusable.
+    #[error(transparent)]
+    Key(#[from] key::KeyError),
+    /// The site name is not a valid id.
+    #[error("--site {0:?} is not a valid site name: {1}")]
+    Site(String, starling_proto::IdError),
+    /// Gossip could not start.
+    #[error(transparent)]
+    Gossip(#[from] GossipError),
+    /// The HTTP client for peers could not be built.
+    #[error("cannot build the HTTP client for peers: {0}")]
+    Http(String),
+}
+
+/// A running federation membership.
+pub(crate) struct Federation {
+    pub(crate) site: SiteId,
+    pub(crate) gossip: Gossip,
+    /// Bearer token peers present to each other's federation routes.
+    pub(crate) peer_token: String,
+    pub(crate) link_mbps: f64,
+    pub(crate) forward_timeout: Duration,
+    pub(crate) http: reqwest::Client,
+    pub(crate) wake_forwarder: Notify,
+}
+
+impl std::fmt::Debug for Federation {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Federation")
+            .field("site", &self.site)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Federation {
+    /// Joins the federation: binds gossip and starts announcing to the seeds.
+    pub(crate) async fn start(config: &FederationConfig) -> Result<Arc<Self>, FederationError> {
+        let key = Arc::new(ClusterKey::parse(&config.cluster_key)?);
+        let site = SiteId::new(&config.site)
+            .map_err(|error| FederationError::Site(config.site.clone(), error))?;
+        let gossip = Gossip::start(
+            GossipConfig {
+                site: site.clone(),
+                bind: config.gossip_listen,
+                advertise: config.gossip_advertise,
+                seeds: config.seeds.clone(),
+            },
+            key.clone(),
+        )
+        .await?;
+        let http = starling_agent::tls::http_client(None)
+            .map_err(|error| FederationError::Http(error.to_string()))?
+            .timeout(Duration::from_secs(5))
+            .connect_timeout(Duration::from_secs(2))
+            .build()
+            .map_err(|error| FederationError::Http(error.to_string()))?;
+        tracing::info!(site = %site, gossip = %gossip.local_addr(), seeds = ?config.seeds, "federation: joining");
+        Ok(Arc::new(Self {
+            site,
+            gossip,
+            peer_token: key.peer_token().to_string(),
+            link_mbps: config.link_mbps,
+            forward_timeout: config.forward_timeout,
+            http,
+            wake_forwarder: Notify::new(),
+        }))
+    }
+
+    /// The peers work may go to now, as placement candidates, minus `exclude`.
+    pub(crate) fn remote_sites(&self, exclude: &[String]) -> Vec<RemoteSite> {
+        self.gossip
+            .table()
+            .peers()
+            .into_iter()
+            .filter(|peer| !exclude.iter().any(|site| site == peer.digest.site.as_str()))
+            .map(|peer| RemoteSite {
+                digest: peer.digest,
+                link: InterSiteLink {
+                    rtt_ms: peer.rtt_ms.unwrap_or(DEFAULT_RTT_MS),
+                    bandwidth_mbps: self.link_mbps,
+                },
+            })
+            .collect()
+    }
+}
+
+/// Starts the federation's loops: digest publishing, round-trip probes, forwarding.
+pub(crate) fn spawn(
+    shared: Arc<Shared>,
+    federation: Arc<Federation>,
+    stop: watch::Receiver<bool>,
+) -> Vec<JoinHandle<()>> {
+    vec![
+        tokio::spawn(publish_digests(
+            shared.clone(),
+            federation.clone(),
+            stop.clone(),
+        )),
+        tokio::spawn(probe_peers(federation.clone(), stop.clone())),
+        tokio::spawn(forward::run(shared, federation, stop)),
+    ]
+}
+
+/// This site's digest from what the scheduler sees now.
+async fn digest(
+    shared: &Shared,
+    federation: &Federation,
+    version: u64,
+) -> Result<SiteDigest, crate::store::StoreError> {
+    let pending = shared
+        .store
+        .pending_tasks(crate::scheduler::QUEUE_WINDOW)
+        .await?;
+    let snapshot = crate::scheduler::snapshot(shared, pending).await?;
+    let capacity = site_capacity(&snapshot.view, &snapshot.queue);
+    let mut artifacts = heapless::Vec::new();
+    for hex in shared
+        .store
+        .recent_artifacts(MAX_DIGEST_ARTIFACTS as u32)
+        .await?
+    {
+        if let Ok(digest) = starling_proto::Digest::parse(&hex) {
+            let _ = artifacts.push(digest);
+        }
+    }
+    let mut api_url = heapless::String::<DIGEST_URL_LEN>::new();
+    if api_url.push_str(&shared.public_url).is_err() {
+        tracing::warn!(url = %shared.public_url, "public URL too long for the site digest; peers cannot forward here");
+    }
+    Ok(SiteDigest {
+        v: PROTOCOL_VERSION,
+        site: federation.site.clone(),
+        version,
+        api_url,
+        nodes: capacity.nodes,
+        classes: capacity.classes,
+        power: capacity.power,
+        pending: capacity.pending,
+        running: capacity.running,
+        slack_ms: capacity.slack_ms,
+        watts: capacity.watts,
+        artifacts,
+    })
+}
+
+/// Publishes this site's digest when it changed, when a site joined (so the
+/// newcomer learns it at once), and at least every [`gossip::DIGEST_REFRESH`].
+async fn publish_digests(
+    shared: Arc<Shared>,
+    federation: Arc<Federation>,
+    mut stop: watch::Receiver<bool>,
+) {
+    let mut events = federation.gossip.subscribe();
+    let mut last: Option<(SiteDigest, Instant)> = None;
+    let mut version = 0u64;
+    let mut joined = false;
+    loop {
+        match digest(&shared, &federation, 0).await {
+            Ok(mut fresh) => {
+                let due = match &last {
+                    None => true,
+                    Some((previous, at)) => {
+                        joined || *previous != fresh || at.elapsed() >= gossip::DIGEST_REFRESH
+                    }
+                };
+                if due {
+                    version = crate::task::unix_now_ms().max(version.saturating_add(1));
+                    let unversioned = fresh.clone();
+                    fresh.version = version;
+                    match federation.gossip.publish(&fresh) {
+                        Ok(()) => last = Some((unversioned, Instant::now())),
+                        Err(error) => tracing::warn!(%error, "cannot publish this site's digest"),
+                    }
+                    joined = false;
+                }
+            }
+            Err(error) => tracing::warn!(%error, "cannot compute this site's digest"),
+        }
+        let stopping = tokio::select! {
+            event = events.recv() => {
+                if matches!(event, Ok(GossipEvent::Up { .. })) {
+                    joined = true;
+                }
+                false
+            }
+            _ = tokio::time::sleep(DIGEST_CHECK) => false,
+            _ = stop.wait_for(|stopped| *stopped) => true,
+        };
+        if stopping {
+            // Tell the others now rather than let them detect a failure.
+            federation.gossip.leave().await;
+            return;
+        }
+    }
+}
+
+/// Measures the round trip to each live peer's REST API (its health route):
+/// the network cost the placement engine charges a forward.
+async fn probe_peers(federation: Arc<Federation>, mut stop: watch::Receiver<bool>) {
+    loop {
+        let targets: Vec<(String, String)> = federation
+            .gossip
+            .table()
+            .entries(Instant::now())
+            .into_iter()
+            .filter(|entry| entry.state == SiteState::Alive)
+            .filter_map(|entry| Some((entry.site, entry.api_url?)))
+            .collect();
+        for (site, url) in targets {
+            let started = Instant::now();
+            let rtt = match federation
+                .http
+                .get(format!("{url}/api/v1/health"))
+                .send()
+                .await
+            {
+                Ok(_) => Some(started.elapsed().as_secs_f64() * 1000.0),
+                Err(error) => {
+                    tracing::debug!(%site, %error, "peer health probe failed");
+                    None
+                }
+            };
+            federation.gossip.table().set_rtt(&site, rtt);
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(RTT_PROBE) => {}
+            _ = stop.wait_for(|stopped| *stopped) => return,
+        }
+    }
+}

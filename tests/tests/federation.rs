@@ -1,0 +1,250 @@
+//! Three sites, each a coordinator with its own embedded broker and agent, in
+//! three network namespaces on one bridge: they find each other from one
+//! seed, a flooded site spills its overflow to the others and every task
+//! completes once, a site cut off is marked down and gets no more work, and
+//! once its link is back it rejoins and is used again.
+#![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
+
+use std::collections::{HashMap, HashSet};
+use std::time::{Duration, Instant};
+
+use starling_tests::fabric::Fabric;
+use starling_tests::{binary, modules, Agent, Coordinator};
+
+const SITES: [&str; 3] = ["site-a", "site-b", "site-c"];
+
+fn cluster_key() -> String {
+    let out = std::process::Command::new(binary("starling-coordinator"))
+        .arg("cluster-key")
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    String::from_utf8(out.stdout).unwrap().trim().to_string()
+}
+
+/// What `starling sites --json` says of `site` at `coordinator`.
+fn site_state(coordinator: &Coordinator, site: &str) -> Option<String> {
+    let sites = coordinator.cli_json(&["sites"], None);
+    sites["sites"]
+        .as_array()?
+        .iter()
+        .find(|entry| entry["site"] == site)
+        .and_then(|entry| entry["state"].as_str().map(str::to_string))
+}
+
+/// Waits until every coordinator in `watchers` sees `site` in `state`;
+/// returns how long that took.
+fn wait_site(watchers: &[&Coordinator], site: &str, state: &str, timeout: Duration) -> Duration {
+    let start = Instant::now();
+    loop {
+        if watchers
+            .iter()
+            .all(|c| site_state(c, site).as_deref() == Some(state))
+        {
+            return start.elapsed();
+        }
+        assert!(
+            start.elapsed() < timeout,
+            "{site} not {state} everywhere after {timeout:?}: {}",
+            watchers
+                .iter()
+                .map(|c| format!("{:#}\n{}", c.cli_json(&["sites"], None), c.process.log()))
+                .collect::<Vec<_>>()
+                .join("\n---\n")
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+/// Submits `count` tasks to `coordinator` over REST, each estimated at
+/// `work_s` seconds with a deadline `deadline_ms` from now.
+fn flood(
+    coordinator: &Coordinator,
+    digest: &str,
+    count: usize,
+    work_s: f64,
+    deadline_ms: u64,
+) -> Vec<String> {
+    (0..count)
+        .map(|i| {
+            let body = serde_json::json!({
+                "artifact": digest,
+                "input_text": format!("t{i}"),
+                "work_seconds": work_s,
+                "deadline_ms": deadline_ms,
+                "limits": {"wall_ms": 60_000},
+            });
+            let (status, text) = coordinator.http(
+                "POST",
+                "/api/v1/tasks",
+                Some(("application/json", body.to_string().into_bytes())),
+            );
+            assert_eq!(status, 201, "{text}");
+            let task: serde_json::Value = serde_json::from_str(&text).unwrap();
+            task["id"].as_str().unwrap().to_string()
+        })
+        .collect()
+}
+
+/// Waits for every task to end and checks each succeeded exactly once:
+/// one `succeeded` event, output naming its input. Returns where each ran
+/// (`None`: at home).
+fn settle(home: &Coordinator, ids: &[String], timeout: Duration) -> Vec<Option<String>> {
+    let mut sites = Vec::new();
+    for id in ids {
+        let task = home.wait_task(id, timeout, "ended", |t| {
+            matches!(
+                t["state"].as_str(),
+                Some("succeeded" | "failed" | "cancelled")
+            )
+        });
+        assert_eq!(task["state"], "succeeded", "{task:#}");
+        let successes = task["events"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|event| event["state"] == "succeeded")
+            .count();
+        assert_eq!(successes, 1, "one success recorded: {task:#}");
+        assert!(
+            task["output_text"]
+                .as_str()
+                .unwrap_or("")
+                .starts_with("done:"),
+            "{task:#}"
+        );
+        sites.push(task["site"].as_str().map(str::to_string));
+    }
+    sites
+}
+
+/// How many tasks `peer` holds for each origin task of `origin`; a task
+/// forwarded twice would show as 2.
+fn taken_from(peer: &Coordinator, origin: &str) -> HashMap<String, usize> {
+    let list = peer.cli_json(&["tasks", "--limit", "1000"], None);
+    let mut counts = HashMap::new();
+    for summary in list.as_array().unwrap() {
+        let task = peer.task(summary["id"].as_str().unwrap());
+        if task["origin_site"] == origin {
+            *counts
+                .entry(task["id"].as_str().unwrap().to_string())
+                .or_insert(0) += 1;
+        }
+    }
+    counts
+}
+
+#[test]
+fn three_sites_discover_spill_detect_a_cut_and_rejoin() {
+    if !Fabric::available() {
+        panic!("this test needs root and iproute2 (ip netns) to build three hosts");
+    }
+    let fabric = Fabric::create(3).unwrap();
+    let key = cluster_key();
+    let start = |i: usize, seed: Option<&str>| {
+        let gossip = format!("{}:0", fabric.ip(i));
+        let mut extra = vec![
+            "--site",
+            SITES[i],
+            "--cluster-key",
+            &key,
+            "--gossip-listen",
+            &gossip,
+            "--forward-timeout",
+            "5s",
+        ];
+        if let Some(seed) = seed {
+            extra.extend(["--seed", seed]);
+        }
+        Coordinator::start_in_namespace(fabric.ns(i), fabric.ip(i), &extra)
+    };
+    let a = start(0, None);
+    let seed = a.ready_field("gossip").unwrap();
+    let b = start(1, Some(&seed));
+    let c = start(2, Some(&seed));
+    let coordinators = [&a, &b, &c];
+    let _agents: Vec<Agent> = coordinators
+        .iter()
+        .enumerate()
+        .map(|(i, coordinator)| {
+            let agent = Agent::start_in_namespace(
+                coordinator,
+                &format!("node-{}", SITES[i]),
+                fabric.ns(i),
+                &["--max-tasks", "2"],
+            );
+            coordinator.wait_for_nodes(1, Duration::from_secs(30));
+            agent
+        })
+        .collect();
+
+    // Discovery from one seed: B and C know only A, and learn of each other.
+    for site in SITES {
+        let others: Vec<&Coordinator> = coordinators
+            .iter()
+            .zip(SITES)
+            .filter(|(_, name)| *name != site)
+            .map(|(c, _)| *c)
+            .collect();
+        wait_site(&others, site, "alive", Duration::from_secs(20));
+    }
+    let out = a.cli(&["sites"], None);
+    let table = String::from_utf8_lossy(&out.stdout);
+    for site in SITES {
+        assert!(table.contains(site), "{table}");
+    }
+
+    let dir = tempfile::tempdir().unwrap();
+    let digest = a.publish_spin(dir.path(), modules::SPIN_SECOND / 4);
+
+    // A flood at A: two slots cannot finish twelve 2-second tasks within 4 s.
+    let ids = flood(&a, &digest, 12, 2.0, 4_000);
+    let ran_at = settle(&a, &ids, Duration::from_secs(90));
+    let spilled: HashSet<&str> = ran_at.iter().flatten().map(String::as_str).collect();
+    assert!(
+        !spilled.is_empty(),
+        "nothing left site-a: {ran_at:?}\n{}",
+        a.process.log()
+    );
+    assert!(ran_at.iter().any(Option::is_none), "site-a ran some itself");
+    // Every forward is one task at its peer.
+    for (peer, name) in [(&b, "site-b"), (&c, "site-c")] {
+        let taken = taken_from(peer, "site-a");
+        assert!(taken.values().all(|&n| n == 1), "{name}: {taken:?}");
+        let sent = ran_at.iter().filter(|s| s.as_deref() == Some(name)).count();
+        assert!(
+            taken.len() >= sent,
+            "{name} holds {} of {sent}",
+            taken.len()
+        );
+    }
+
+    // C is cut off: A and B mark it down, and no new work goes there.
+    fabric.cut(2);
+    let detected = wait_site(&[&a, &b], "site-c", "down", Duration::from_secs(30));
+    println!("site-c cut off: marked down by site-a and site-b in {detected:?}");
+    let ids = flood(&a, &digest, 8, 2.0, 4_000);
+    let ran_at = settle(&a, &ids, Duration::from_secs(90));
+    assert!(
+        ran_at.iter().all(|s| s.as_deref() != Some("site-c")),
+        "work went to a site marked down: {ran_at:?}"
+    );
+
+    // C's link is back: it rejoins, and takes work again.
+    fabric.restore(2);
+    let rejoined = wait_site(&[&a, &b], "site-c", "alive", Duration::from_secs(30));
+    println!("site-c back: alive again at site-a and site-b in {rejoined:?}");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let ids = flood(&a, &digest, 12, 2.0, 4_000);
+        let ran_at = settle(&a, &ids, Duration::from_secs(90));
+        if ran_at.iter().any(|s| s.as_deref() == Some("site-c")) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "site-c never used again after rejoining: {ran_at:?}\n{}",
+            a.process.log()
+        );
+    }
+}
