@@ -323,6 +323,16 @@ async fn forward(
         summary,
     } = route(task, now_ms, decision, &offered)
     else {
+        tracing::debug!(
+            task = %record.spec.id,
+            deadline = ?task.deadline_ms,
+            local = ?decision.explanation.alternatives.first().and_then(|a| a.finish_ms),
+            peers = ?offered
+                .iter()
+                .map(|site| (site.digest.site.as_str(), starling_placement::federation::remote_finish_ms(task, now_ms, site)))
+                .collect::<Vec<_>>(),
+            "stays here"
+        );
         return Ok(false);
     };
     let chosen = &mut sites[candidates[site]];

@@ -6,14 +6,24 @@
 //! decisions ([`policy::Decision`]); it does no I/O, reads no clock and draws
 //! only from random streams it was seeded with. The coordinator and the
 //! simulator ([`sim`]) run the very same policy code.
+//!
+//! Across sites, [`federation`] builds the digest a coordinator gossips about
+//! its site and decides, from its peers' digests, whether a task the local
+//! policy cannot finish in time should go to a peer; the simulator's
+//! multi-site mode ([`sim::run_sites`]) runs the same code.
 
 pub mod estimate;
+pub mod federation;
 pub mod learned;
 pub mod model;
 pub mod policy;
 pub mod sim;
 pub mod testing;
 
+pub use federation::{
+    commit, remote_finish_ms, route, route_with_artifact, site_capacity, work_class, DigestError,
+    InterSiteLink, RemoteSite, Route, SiteCapacity,
+};
 pub use model::{
     ClusterView, Constraints, Demand, DeviceKinds, GpuCapacity, NodeLoad, NodeView, PendingTask,
     QueueState, TaskClass, REFERENCE_CORE_GFLOPS,

@@ -48,8 +48,9 @@ pub struct ClassCapacity {
     pub class: WorkClass,
     /// Task slots free now on online nodes that can run the class.
     pub free_slots: u16,
-    /// Speed of the fastest such node with a free slot, at its top power
-    /// level, in reference-core units (work seconds per second); 0 when none.
+    /// Speed of the fastest such node with a free slot (of the fastest such
+    /// node when none is free: it runs the work after the wait), at its top
+    /// power level, in reference-core units (work seconds per second).
     pub speed: f32,
     /// Estimated wait for a slot when none is free, milliseconds.
     pub wait_ms: u32,

@@ -16,6 +16,7 @@ use std::sync::{mpsc, Once};
 use std::time::{Duration, Instant};
 
 use tempfile::TempDir;
+pub mod fabric;
 
 /// The workspace root.
 pub fn workspace_root() -> PathBuf {
@@ -373,6 +374,8 @@ pub struct Coordinator {
     pub dir: TempDir,
     /// The CA that signed the REST API's certificate, when it serves HTTPS.
     pub ca_file: Option<PathBuf>,
+    /// The line it printed when ready.
+    pub ready_line: String,
     program: PathBuf,
     args: Vec<std::ffi::OsString>,
 }
@@ -403,6 +406,40 @@ impl Coordinator {
         }
         args.extend(extra.iter().map(Into::into));
         Self::launch(binary("starling-coordinator"), args, dir, Some(token))
+    }
+
+    /// Starts a coordinator inside network namespace `ns`, its REST API on
+    /// `ip` (reachable from the other namespaces of a fabric and from the
+    /// host), its embedded broker on the namespace's loopback (for agents in
+    /// the same namespace), SQLite, and the extra flags (`--site`, gossip).
+    pub fn start_in_namespace(ns: &str, ip: std::net::Ipv4Addr, extra: &[&str]) -> Self {
+        let dir = TempDir::new().unwrap();
+        let token = random_token();
+        let mut args: Vec<std::ffi::OsString> = vec![
+            "netns".into(),
+            "exec".into(),
+            ns.into(),
+            binary("starling-coordinator").into(),
+            "serve".into(),
+            "--listen".into(),
+            format!("{ip}:0").into(),
+            "--mqtt-listen".into(),
+            "127.0.0.1:0".into(),
+            "--data-dir".into(),
+            dir.path().into(),
+            "--api-token".into(),
+            token.clone().into(),
+        ];
+        args.extend(extra.iter().map(Into::into));
+        Self::launch(PathBuf::from("ip"), args, dir, Some(token))
+    }
+
+    /// The value of `key=` in the ready line (`site`, `gossip`, ...).
+    pub fn ready_field(&self, key: &str) -> Option<String> {
+        self.ready_line
+            .split_whitespace()
+            .find_map(|w| w.strip_prefix(&format!("{key}=")))
+            .map(str::to_string)
     }
 
     /// Starts `starling up`: coordinator, embedded broker, SQLite and a local
@@ -440,7 +477,7 @@ impl Coordinator {
         token: Option<String>,
     ) -> Self {
         let process = Process::spawn("coordinator", Self::command(&program, &args), dir.path());
-        let (process, rest, mqtt) = Self::ready(process);
+        let (process, rest, mqtt, ready_line) = Self::ready(process);
         // `starling up` makes its own admin token and says where it is.
         let token = token.unwrap_or_else(|| {
             std::fs::read_to_string(dir.path().join("admin.token"))
@@ -454,12 +491,13 @@ impl Coordinator {
             process,
             dir,
             ca_file: None,
+            ready_line,
             program,
             args,
         }
     }
 
-    fn ready(mut process: Process) -> (Process, String, String) {
+    fn ready(mut process: Process) -> (Process, String, String, String) {
         let stdout = process.child.stdout.take().unwrap();
         let (tx, rx) = mpsc::channel();
         std::thread::spawn(move || {
@@ -480,7 +518,7 @@ impl Coordinator {
                 .to_string()
         };
         let (rest, mqtt) = (field("rest="), field("mqtt="));
-        (process, rest, mqtt)
+        (process, rest, mqtt, line)
     }
 
     /// Kills the coordinator with SIGKILL and starts it again on the same data
@@ -492,10 +530,11 @@ impl Coordinator {
             Self::command(&self.program, &self.args),
             self.dir.path(),
         );
-        let (process, rest, mqtt) = Self::ready(process);
+        let (process, rest, mqtt, ready_line) = Self::ready(process);
         self.process = process;
         self.rest = rest;
         self.mqtt = mqtt;
+        self.ready_line = ready_line;
     }
 
     /// Runs the `starling` CLI against this coordinator, as its admin.
@@ -765,11 +804,52 @@ impl Agent {
         netns: Option<&NetNs>,
         extra: &[&str],
     ) -> Self {
-        let dir = TempDir::new().unwrap();
         let rest = match netns {
             Some(ns) => coordinator.rest.replace("127.0.0.1", &ns.host_ip()),
             None => coordinator.rest.clone(),
         };
+        Self::start_at(
+            coordinator,
+            &rest,
+            broker,
+            node_id,
+            labels,
+            netns.map(|ns| ns.name.as_str()),
+            extra,
+        )
+    }
+
+    /// Starts an agent in the network namespace named `ns` (a [`fabric`]
+    /// member's), beside a coordinator started in that namespace: it reaches
+    /// the coordinator's REST API and broker at the URLs the coordinator
+    /// printed.
+    pub fn start_in_namespace(
+        coordinator: &Coordinator,
+        node_id: &str,
+        ns: &str,
+        extra: &[&str],
+    ) -> Self {
+        Self::start_at(
+            coordinator,
+            &coordinator.rest,
+            &coordinator.mqtt,
+            node_id,
+            "",
+            Some(ns),
+            extra,
+        )
+    }
+
+    fn start_at(
+        coordinator: &Coordinator,
+        rest: &str,
+        broker: &str,
+        node_id: &str,
+        labels: &str,
+        netns: Option<&str>,
+        extra: &[&str],
+    ) -> Self {
+        let dir = TempDir::new().unwrap();
         let mut args: Vec<std::ffi::OsString> = vec![
             "run".into(),
             "--broker".into(),
@@ -794,7 +874,7 @@ impl Agent {
             args.extend(["--labels".into(), labels.into()]);
         }
         args.extend(extra.iter().map(Into::into));
-        let netns = netns.map(|ns| ns.name.clone());
+        let netns = netns.map(str::to_string);
         let process = Self::spawn(node_id, netns.as_deref(), &args, dir.path());
         Self {
             node_id: node_id.to_string(),

@@ -195,7 +195,7 @@ fn three_sites_discover_spill_detect_a_cut_and_rejoin() {
     }
 
     let dir = tempfile::tempdir().unwrap();
-    let digest = a.publish_spin(dir.path(), modules::SPIN_SECOND / 4);
+    let digest = a.publish_spin(dir.path(), modules::SPIN_SECOND / 2);
 
     // A flood at A: two slots cannot finish twelve 2-second tasks within 4 s.
     let ids = flood(&a, &digest, 12, 2.0, 4_000);
@@ -219,10 +219,51 @@ fn three_sites_discover_spill_detect_a_cut_and_rejoin() {
         );
     }
 
-    // C is cut off: A and B mark it down, and no new work goes there.
+    // C is cut off while work forwarded to it is in flight: A and B mark it
+    // down, that work is taken back and completes elsewhere, once.
+    let ids = flood(&a, &digest, 12, 2.0, 4_000);
+    let started = Instant::now();
+    let at_c = loop {
+        let at_c: Vec<String> = ids
+            .iter()
+            .filter(|id| {
+                let task = a.task(id);
+                task["site"] == "site-c"
+                    && !matches!(task["state"].as_str(), Some("succeeded" | "failed"))
+            })
+            .cloned()
+            .collect();
+        if !at_c.is_empty() {
+            break at_c;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "nothing was forwarded to site-c"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    };
     fabric.cut(2);
     let detected = wait_site(&[&a, &b], "site-c", "down", Duration::from_secs(30));
     println!("site-c cut off: marked down by site-a and site-b in {detected:?}");
+    let ran_at = settle(&a, &ids, Duration::from_secs(90));
+    let mut taken_back = 0;
+    for id in &at_c {
+        let task = a.task(id);
+        let lost_at_c = task["attempts"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|attempt| attempt["node_id"] == "site:site-c" && attempt["state"] == "lost");
+        if lost_at_c {
+            taken_back += 1;
+            assert_ne!(task["site"], "site-c", "{task:#}");
+        }
+    }
+    println!(
+        "{} tasks in flight at site-c when it was cut; {taken_back} taken back; ran at {ran_at:?}",
+        at_c.len()
+    );
+    assert!(taken_back >= 1, "no forward to site-c was taken back");
     let ids = flood(&a, &digest, 8, 2.0, 4_000);
     let ran_at = settle(&a, &ids, Duration::from_secs(90));
     assert!(
@@ -243,7 +284,8 @@ fn three_sites_discover_spill_detect_a_cut_and_rejoin() {
         }
         assert!(
             Instant::now() < deadline,
-            "site-c never used again after rejoining: {ran_at:?}\n{}",
+            "site-c never used again after rejoining: {ran_at:?}\n{:#}\n{}",
+            a.cli_json(&["sites"], None),
             a.process.log()
         );
     }

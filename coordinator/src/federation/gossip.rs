@@ -547,3 +547,145 @@ impl Loop {
         let _ = self.events.send(event);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+    use super::*;
+
+    fn key() -> Arc<ClusterKey> {
+        Arc::new(ClusterKey::parse(&ClusterKey::generate().unwrap()).unwrap())
+    }
+
+    fn config(site: &str, seeds: Vec<SocketAddr>) -> GossipConfig {
+        GossipConfig {
+            site: SiteId::new(site).unwrap(),
+            bind: "127.0.0.1:0".parse().unwrap(),
+            advertise: None,
+            seeds,
+        }
+    }
+
+    fn digest(site: &str, version: u64) -> SiteDigest {
+        SiteDigest {
+            v: starling_proto::PROTOCOL_VERSION,
+            site: SiteId::new(site).unwrap(),
+            version,
+            api_url: heapless::String::try_from("http://127.0.0.1:1").unwrap(),
+            nodes: 0,
+            classes: heapless::Vec::new(),
+            power: heapless::Vec::new(),
+            pending: 0,
+            running: 0,
+            slack_ms: None,
+            watts: 0.0,
+            artifacts: heapless::Vec::new(),
+        }
+    }
+
+    async fn wait_until(what: &str, mut done: impl FnMut() -> bool) {
+        let start = Instant::now();
+        while !done() {
+            assert!(start.elapsed() < Duration::from_secs(10), "{what}");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    #[tokio::test]
+    async fn members_find_each_other_spread_digests_and_drop_what_does_not_authenticate() {
+        let key = key();
+        let a = Gossip::start(config("a", vec![]), key.clone())
+            .await
+            .unwrap();
+        let b = Gossip::start(config("b", vec![a.local_addr()]), key.clone())
+            .await
+            .unwrap();
+        wait_until("a and b see each other", || {
+            a.table().is_alive("b") && b.table().is_alive("a")
+        })
+        .await;
+        b.publish(&digest("b", 7)).unwrap();
+        wait_until("a has b's digest", || {
+            a.table().peers().iter().any(|p| p.digest.version == 7)
+        })
+        .await;
+
+        // Noise, a datagram sealed with another key, one over the size bound,
+        // and a sealed one that is not gossip: none reaches foca's state.
+        let before = a.table().entries(Instant::now()).len();
+        let raw = UdpSocket::bind("127.0.0.1:0").await.unwrap();
+        raw.send_to(b"hello", a.local_addr()).await.unwrap();
+        raw.send_to(&self::key().seal(b"forged").unwrap(), a.local_addr())
+            .await
+            .unwrap();
+        raw.send_to(&vec![0u8; MAX_DATAGRAM + 1], a.local_addr())
+            .await
+            .unwrap();
+        raw.send_to(&key.seal(&[0xff; 64]).unwrap(), a.local_addr())
+            .await
+            .unwrap();
+        wait_until("refusals counted", || {
+            a.counters().refused.load(Ordering::Relaxed) >= 3
+                && a.counters().malformed.load(Ordering::Relaxed) >= 1
+        })
+        .await;
+        assert_eq!(a.table().entries(Instant::now()).len(), before);
+        assert!(a.table().is_alive("b"));
+
+        // A member that leaves is marked down at once.
+        b.leave().await;
+        wait_until("a marks b down", || !a.table().is_alive("b")).await;
+    }
+
+    #[test]
+    fn digests_that_do_not_decode_are_refused_and_stale_ones_not_spread() {
+        let table = Arc::new(Mutex::new(SiteTable::new(
+            "a",
+            "127.0.0.1:1".parse().unwrap(),
+            Instant::now(),
+        )));
+        let (events, _) = broadcast::channel(8);
+        let mut handler = DigestHandler {
+            table: table.clone(),
+            events,
+        };
+        let sender = MemberId {
+            site: "b".into(),
+            addr: "127.0.0.1:2".parse().unwrap(),
+            bump: 1,
+        };
+        assert!(matches!(
+            handler.receive_item(&[0u8; MAX_DIGEST_BYTES + 1], Some(&sender)),
+            Err(DigestError::Oversize(_))
+        ));
+        assert!(matches!(
+            handler.receive_item(b"\xa1\x61v\x01", Some(&sender)),
+            Err(DigestError::Decode(_))
+        ));
+        let fresh = starling_proto::encode(&digest("b", 5)).unwrap();
+        assert!(handler
+            .receive_item(&fresh, Some(&sender))
+            .unwrap()
+            .is_some());
+        // The same again, or older: not news, not spread further.
+        assert!(handler
+            .receive_item(&fresh, Some(&sender))
+            .unwrap()
+            .is_none());
+        let stale = starling_proto::encode(&digest("b", 4)).unwrap();
+        assert!(handler
+            .receive_item(&stale, Some(&sender))
+            .unwrap()
+            .is_none());
+        assert_eq!(lock(&table).entries(Instant::now()).len(), 2);
+        let newer = DigestKey {
+            site: "b".into(),
+            version: 6,
+        };
+        let older = DigestKey {
+            site: "b".into(),
+            version: 5,
+        };
+        assert!(newer.invalidates(&older) && !older.invalidates(&newer));
+    }
+}

@@ -7,15 +7,24 @@
 //! tasks return to the pending queue until they run out of attempts. A task still
 //! pending when its deadline has passed is dropped, as is anything unfinished when
 //! the run ends.
+//!
+//! The nodes and arrivals may be split between sites ([`Layout`]): each site
+//! keeps its own queue and runs its own policy on its own nodes only, as one
+//! coordinator per site does. With [`Gossip`] on, a site forwards a task it
+//! cannot finish in time to a peer (see [`crate::federation`]); the task moves
+//! over the inter-site link, joins the peer's queue, and its output travels
+//! back the same way. A single site is the plain, unfederated simulator.
 
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, VecDeque};
+use std::ops::Range;
 
 use crate::estimate;
 use crate::learned::{Fate, TaskOutcome};
 use crate::model::{ClusterView, NodeLoad, PendingTask};
 use crate::policy::{Outcome, Policy};
 use crate::sim::report::PolicyRow;
+use crate::sim::sites::{Gossip, SiteTally};
 use crate::sim::workload::Environment;
 use crate::sim::{SimConfig, Stopwatch};
 
@@ -35,7 +44,12 @@ enum Event {
         epoch: u32,
     },
     OutputArrived(usize),
-    Round,
+    /// A placement round at one site.
+    Round(usize),
+    /// Every site publishes its digest.
+    Gossip,
+    /// A forwarded task reaches its new site.
+    Handover(usize),
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -65,6 +79,34 @@ fn key(at_ms: f64) -> u64 {
     (at_ms.max(0.0) * 1000.0).round() as u64
 }
 
+/// How nodes and arrivals are split between sites.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct Layout {
+    /// Each site's nodes, a range of indices into the environment's nodes.
+    pub sites: Vec<Range<usize>>,
+    /// The site each task arrives at, by task index.
+    pub origin: Vec<usize>,
+}
+
+impl Layout {
+    /// One site with every node and every task.
+    pub fn single(env: &Environment) -> Layout {
+        Layout {
+            sites: core::iter::once(0..env.nodes.len()).collect(),
+            origin: vec![0; env.tasks.len()],
+        }
+    }
+}
+
+/// What one multi-site run produced.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct SitesRun {
+    /// Every site together.
+    pub row: PolicyRow,
+    /// Per site, tasks counted where they arrived.
+    pub sites: Vec<SiteTally>,
+}
+
 struct Engine<'a> {
     config: &'a SimConfig,
     env: &'a Environment,
@@ -73,9 +115,22 @@ struct Engine<'a> {
     events: BinaryHeap<Reverse<(u64, u64, Event)>>,
     sequence: u64,
     now_ms: f64,
-    pending: Vec<usize>,
+    /// Each site's node range.
+    sites: Vec<Range<usize>>,
+    /// The site of each node.
+    node_site: Vec<usize>,
+    /// The site each task arrived at.
+    origin: Vec<usize>,
+    /// The site each task is queued or runs at now (its origin until forwarded).
+    task_site: Vec<usize>,
+    /// Per-site tallies, by origin.
+    tallies: Vec<SiteTally>,
+    /// Digests and forwarding, when federation is on.
+    gossip: Option<Gossip>,
+    /// Each site's pending tasks.
+    pending: Vec<Vec<usize>>,
     attempts: Vec<u32>,
-    round_scheduled: bool,
+    round_scheduled: Vec<bool>,
     row: PolicyRow,
     latencies_ms: Vec<f64>,
     energy_joules: f64,
@@ -122,19 +177,39 @@ impl<'a> Engine<'a> {
         self.env.tasks.get(index)
     }
 
-    fn schedule_round(&mut self, at_ms: f64) {
-        if !self.round_scheduled {
-            self.round_scheduled = true;
-            let round = self.config.round_ms as f64;
-            let at = (at_ms / round).ceil() * round;
-            self.schedule(at, Event::Round);
+    fn schedule_round(&mut self, site: usize, at_ms: f64) {
+        if let Some(scheduled) = self.round_scheduled.get_mut(site) {
+            if !*scheduled {
+                *scheduled = true;
+                let round = self.config.round_ms as f64;
+                let at = (at_ms / round).ceil() * round;
+                self.schedule(at, Event::Round(site));
+            }
         }
     }
 
-    /// Refreshes the view's loads, links and online flags from the engine's state.
-    fn refresh_view(&mut self) {
+    /// Queues a task at a site and makes sure a round will see it.
+    fn enqueue(&mut self, site: usize, task: usize, at_ms: f64) {
+        if let Some(pending) = self.pending.get_mut(site) {
+            pending.push(task);
+            pending.sort_unstable();
+        }
+        self.schedule_round(site, at_ms);
+    }
+
+    /// Refreshes the view's loads, links and online flags of the nodes in
+    /// `range` from the engine's state.
+    fn refresh_view(&mut self, range: Range<usize>) {
         let now = self.now_ms;
-        for (index, (node_view, state)) in self.view.nodes.iter_mut().zip(&self.nodes).enumerate() {
+        for (index, (node_view, state)) in self
+            .view
+            .nodes
+            .iter_mut()
+            .zip(&self.nodes)
+            .enumerate()
+            .skip(range.start)
+            .take(range.len())
+        {
             if let Some(link) = self.env.link(index, now) {
                 node_view.network = link;
             }
@@ -181,19 +256,109 @@ impl<'a> Engine<'a> {
         self.view.now_ms = now.floor() as u64;
     }
 
-    fn round(&mut self, policy: &mut dyn Policy, stopwatch: &mut dyn Stopwatch) {
-        self.round_scheduled = false;
-        if self.pending.is_empty() {
+    /// The pending tasks of a site, as the policy sees them.
+    fn queue(&self, site: usize) -> Vec<PendingTask> {
+        self.pending
+            .get(site)
+            .map(|pending| {
+                pending
+                    .iter()
+                    .filter_map(|index| self.env.tasks.get(*index).cloned())
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
+    /// A copy of the view of one site's nodes; `None` when there is one site,
+    /// whose view is the whole view, used as it is rather than copied.
+    fn site_view(&self, range: &Range<usize>) -> Option<ClusterView> {
+        if self.sites.len() == 1 {
+            return None;
+        }
+        Some(ClusterView {
+            now_ms: self.view.now_ms,
+            nodes: self
+                .view
+                .nodes
+                .get(range.clone())
+                .map(<[_]>::to_vec)
+                .unwrap_or_default(),
+        })
+    }
+
+    /// Every site publishes its digest, built from its view and queue as a
+    /// coordinator would build it.
+    fn gossip(&mut self) {
+        if self.gossip.is_none() {
             return;
         }
-        self.refresh_view();
-        let queue: Vec<PendingTask> = self
-            .pending
-            .iter()
-            .filter_map(|index| self.env.tasks.get(*index).cloned())
-            .collect();
+        self.refresh_view(0..self.view.nodes.len());
+        let mut capacities = Vec::with_capacity(self.sites.len());
+        for (site, range) in self.sites.iter().enumerate() {
+            let queue = self.queue(site);
+            let capacity = match self.site_view(range) {
+                Some(view) => crate::federation::site_capacity(&view, &queue),
+                None => crate::federation::site_capacity(&self.view, &queue),
+            };
+            capacities.push(capacity);
+        }
+        let now = self.now_ms;
+        if let Some(gossip) = self.gossip.as_mut() {
+            gossip.publish(capacities);
+            let next = now + gossip.interval_ms;
+            if next <= self.env.end_ms {
+                self.schedule(next, Event::Gossip);
+            }
+        }
+    }
+
+    /// Sends a task to a peer site: it leaves the local queue and reaches the
+    /// peer after one way across the link and its input's transfer.
+    fn forward(&mut self, task: usize, to: usize) {
+        let Some(pending) = self.task(task) else {
+            return;
+        };
+        let delay_ms = self
+            .gossip
+            .as_ref()
+            .map_or(0.0, |gossip| gossip.handover_s(pending) * 1000.0);
+        if let Some(site) = self.task_site.get_mut(task) {
+            *site = to;
+        }
+        if let Some(from) = self.origin.get(task).copied() {
+            if let Some(tally) = self.tallies.get_mut(from) {
+                tally.forwarded_out += 1;
+            }
+        }
+        if let Some(tally) = self.tallies.get_mut(to) {
+            tally.received += 1;
+        }
+        self.schedule(self.now_ms + delay_ms, Event::Handover(task));
+    }
+
+    fn round(
+        &mut self,
+        site: usize,
+        policies: &mut [&mut dyn Policy],
+        stopwatch: &mut dyn Stopwatch,
+    ) {
+        if let Some(scheduled) = self.round_scheduled.get_mut(site) {
+            *scheduled = false;
+        }
+        if self.pending.get(site).is_none_or(Vec::is_empty) {
+            return;
+        }
+        let Some(range) = self.sites.get(site).cloned() else {
+            return;
+        };
+        let Some(policy) = policies.get_mut(site) else {
+            return;
+        };
+        self.refresh_view(range.clone());
+        let queue = self.queue(site);
+        let view = self.site_view(&range);
         let started = stopwatch.now_ns();
-        let decisions = policy.decide(&self.view, &queue);
+        let decisions = policy.decide(view.as_ref().unwrap_or(&self.view), &queue);
         let elapsed = stopwatch.now_ns().saturating_sub(started);
         self.row.decision_ns_total = self.row.decision_ns_total.saturating_add(elapsed);
         self.row.decisions += queue.len() as u64;
@@ -210,9 +375,21 @@ impl<'a> Engine<'a> {
                 continue;
             }
             decided[position] = true;
+            let forward_to = match (self.gossip.as_mut(), queue.get(position)) {
+                (Some(gossip), Some(task)) => {
+                    gossip.route(site, task_index, task, self.view.now_ms, &decision)
+                }
+                _ => None,
+            };
+            if let Some(to) = forward_to {
+                self.forward(task_index, to);
+                continue;
+            }
             match decision.outcome {
                 Outcome::Place { node, power_level } => {
-                    if !self.dispatch(task_index, node, power_level) {
+                    // The policy saw only its site's nodes: its index is local.
+                    let in_site = node < range.len();
+                    if !(in_site && self.dispatch(task_index, range.start + node, power_level)) {
                         self.row.constraint_violations += 1;
                         still_pending.push(task_index);
                     }
@@ -243,9 +420,12 @@ impl<'a> Engine<'a> {
             }
         }
         kept.sort_unstable();
-        self.pending = kept;
-        if !self.pending.is_empty() {
-            self.schedule_round(now + self.config.round_ms as f64);
+        let again = !kept.is_empty();
+        if let Some(pending) = self.pending.get_mut(site) {
+            *pending = kept;
+        }
+        if again {
+            self.schedule_round(site, now + self.config.round_ms as f64);
         }
     }
 
@@ -388,7 +568,16 @@ impl<'a> Engine<'a> {
             }
             _ => 0.0,
         };
-        self.schedule(self.now_ms + output_s * 1000.0, Event::OutputArrived(task));
+        // A forwarded task's output goes on to the site it arrived at.
+        let away = self.task_site.get(task) != self.origin.get(task);
+        let return_s = match (&self.gossip, self.task(task)) {
+            (Some(gossip), Some(pending)) if away => gossip.return_s(pending),
+            _ => 0.0,
+        };
+        self.schedule(
+            self.now_ms + (output_s + return_s) * 1000.0,
+            Event::OutputArrived(task),
+        );
         self.try_start(node);
     }
 
@@ -431,11 +620,13 @@ impl<'a> Engine<'a> {
                     continue;
                 }
             }
-            self.pending.push(placed.task);
+            // Back to the queue of the site whose node it was on.
+            let site = self.node_site.get(node).copied().unwrap_or(0);
+            self.enqueue(site, placed.task, now);
         }
-        self.pending.sort_unstable();
-        if !self.pending.is_empty() {
-            self.schedule_round(now);
+        let site = self.node_site.get(node).copied().unwrap_or(0);
+        if self.pending.get(site).is_some_and(|p| !p.is_empty()) {
+            self.schedule_round(site, now);
         }
         self.schedule(now + self.config.repair_s * 1000.0, Event::Repair(node));
     }
@@ -454,6 +645,14 @@ impl<'a> Engine<'a> {
             self.row.on_time += 1;
         }
         let fate = if on_time { Fate::OnTime } else { Fate::Late };
+        if let Some(tally) = self
+            .origin
+            .get(task)
+            .and_then(|site| self.tallies.get_mut(*site))
+        {
+            tally.completed += 1;
+            tally.on_time += u64::from(on_time);
+        }
         self.tell(task, fate, latency);
     }
 }
@@ -467,6 +666,30 @@ pub(crate) fn simulate(
     stopwatch: &mut dyn Stopwatch,
     observer: &mut dyn FnMut(TaskOutcome),
 ) -> PolicyRow {
+    let layout = Layout::single(env);
+    simulate_sites(
+        config,
+        env,
+        &layout,
+        &mut [policy],
+        None,
+        stopwatch,
+        observer,
+    )
+    .row
+}
+
+/// Runs one policy per site over one environment split by `layout`,
+/// forwarding between sites when `gossip` is given.
+pub(crate) fn simulate_sites(
+    config: &SimConfig,
+    env: &Environment,
+    layout: &Layout,
+    policies: &mut [&mut dyn Policy],
+    gossip: Option<Gossip>,
+    stopwatch: &mut dyn Stopwatch,
+    observer: &mut dyn FnMut(TaskOutcome),
+) -> SitesRun {
     let nodes = env
         .nodes
         .iter()
@@ -476,6 +699,34 @@ pub(crate) fn simulate(
             ..NodeState::default()
         })
         .collect();
+    let mut node_site = vec![0; env.nodes.len()];
+    for (site, range) in layout.sites.iter().enumerate() {
+        for index in range.clone() {
+            if let Some(slot) = node_site.get_mut(index) {
+                *slot = site;
+            }
+        }
+    }
+    let site_count = layout.sites.len().max(1);
+    let mut tallies: Vec<SiteTally> = (0..site_count)
+        .map(|site| SiteTally {
+            site,
+            ..SiteTally::default()
+        })
+        .collect();
+    let origin: Vec<usize> = (0..env.tasks.len())
+        .map(|task| layout.origin.get(task).copied().unwrap_or(0))
+        .collect();
+    for site in &origin {
+        if let Some(tally) = tallies.get_mut(*site) {
+            tally.arrivals += 1;
+        }
+    }
+    let name = policies
+        .first()
+        .map(|policy| policy.name().to_owned())
+        .unwrap_or_default();
+    let federated = gossip.is_some();
     let mut engine = Engine {
         config,
         env,
@@ -487,11 +738,17 @@ pub(crate) fn simulate(
         events: BinaryHeap::new(),
         sequence: 0,
         now_ms: 0.0,
-        pending: Vec::new(),
+        sites: layout.sites.clone(),
+        node_site,
+        task_site: origin.clone(),
+        origin,
+        tallies,
+        gossip,
+        pending: vec![Vec::new(); site_count],
         attempts: vec![0; env.tasks.len()],
-        round_scheduled: false,
+        round_scheduled: vec![false; site_count],
         row: PolicyRow {
-            policy: policy.name().to_owned(),
+            policy: name,
             tasks: env.tasks.len() as u64,
             ..PolicyRow::default()
         },
@@ -501,6 +758,10 @@ pub(crate) fn simulate(
         resolved: vec![false; env.tasks.len()],
         observer,
     };
+    // The first digests go out before the first arrival.
+    if federated {
+        engine.schedule(0.0, Event::Gossip);
+    }
     for (index, task) in env.tasks.iter().enumerate() {
         engine.schedule(task.submitted_ms as f64, Event::Arrival(index));
     }
@@ -515,10 +776,15 @@ pub(crate) fn simulate(
         engine.now_ms = at_ms;
         match event {
             Event::Arrival(task) => {
-                engine.pending.push(task);
-                engine.schedule_round(at_ms);
+                let site = engine.origin.get(task).copied().unwrap_or(0);
+                engine.enqueue(site, task, at_ms);
             }
-            Event::Round => engine.round(policy, stopwatch),
+            Event::Round(site) => engine.round(site, policies, stopwatch),
+            Event::Gossip => engine.gossip(),
+            Event::Handover(task) => {
+                let site = engine.task_site.get(task).copied().unwrap_or(0);
+                engine.enqueue(site, task, at_ms);
+            }
             Event::InputArrived { node, task, epoch } => {
                 let current = engine.nodes.get(node).is_some_and(|s| s.epoch == epoch);
                 if current {
@@ -535,8 +801,9 @@ pub(crate) fn simulate(
                 if let Some(view) = engine.view.nodes.get_mut(node) {
                     view.online = true;
                 }
-                if !engine.pending.is_empty() {
-                    engine.schedule_round(at_ms);
+                let site = engine.node_site.get(node).copied().unwrap_or(0);
+                if engine.pending.get(site).is_some_and(|p| !p.is_empty()) {
+                    engine.schedule_round(site, at_ms);
                 }
             }
         }
@@ -554,5 +821,11 @@ pub(crate) fn simulate(
     engine
         .row
         .finish(&mut engine.latencies_ms, engine.energy_joules);
-    engine.row
+    for tally in &mut engine.tallies {
+        tally.finish();
+    }
+    SitesRun {
+        row: engine.row,
+        sites: engine.tallies,
+    }
 }

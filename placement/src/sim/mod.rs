@@ -12,6 +12,7 @@ mod engine;
 pub mod profiles;
 mod report;
 mod scale;
+mod sites;
 mod workload;
 
 use serde::{Deserialize, Serialize};
@@ -21,6 +22,7 @@ use crate::policy::PolicyError;
 
 pub use report::{LoadReport, PolicyRow, SimReport};
 pub use scale::{scale, ScaleConfig, ScaleReport, ScaleRow};
+pub use sites::{run_sites, SiteTally, SitesConfig, SitesReport, SitesRow};
 pub use workload::normal;
 
 /// A source of elapsed time, injected by the caller.

@@ -92,11 +92,11 @@ pub struct SimReport {
     pub loads: Vec<LoadReport>,
 }
 
-fn percent(rate: f64) -> String {
+pub(crate) fn percent(rate: f64) -> String {
     format!("{:.1}%", rate * 100.0)
 }
 
-fn micros(ns: f64) -> String {
+pub(crate) fn micros(ns: f64) -> String {
     format!("{:.1}", ns / 1000.0)
 }
 
