@@ -524,7 +524,13 @@ impl ServeArgs {
         let pick = |flag: &Option<String>, from_file: &Option<String>| {
             flag.clone().or_else(|| from_file.clone())
         };
-        let federation = self.federation(&file, &duration)?;
+        let forward_timeout = duration(
+            "--forward-timeout",
+            &self.forward_timeout,
+            &file.forward_timeout,
+            DEFAULT_FORWARD_TIMEOUT,
+        )?;
+        let federation = self.federation(&file, forward_timeout)?;
         Ok(CoordinatorConfig {
             federation,
             listen: match pick(&self.listen, &file.listen) {
@@ -599,12 +605,7 @@ impl ServeArgs {
     fn federation(
         &self,
         file: &FileConfig,
-        duration: &dyn Fn(
-            &'static str,
-            &Option<String>,
-            &Option<String>,
-            Duration,
-        ) -> Result<Duration, ConfigError>,
+        forward_timeout: Duration,
     ) -> Result<Option<FederationConfig>, ConfigError> {
         let site = self.site.clone().or_else(|| file.site.clone());
         let key = self
@@ -661,12 +662,7 @@ impl ServeArgs {
                 .collect::<Result<_, _>>()?,
             cluster_key,
             link_mbps,
-            forward_timeout: duration(
-                "--forward-timeout",
-                &self.forward_timeout,
-                &file.forward_timeout,
-                DEFAULT_FORWARD_TIMEOUT,
-            )?,
+            forward_timeout,
         }))
     }
 }

@@ -279,7 +279,8 @@ fn class_capacity(
 
 /// This site's capacity figures for its digest, from the same view the policy
 /// sees: free slots per class, the speed of the fastest node with a free slot
-/// at its top power level (reference-core units), the estimated wait for a slot
+/// (of the fastest node when none is free) at its top power level
+/// (reference-core units), the estimated wait for a slot
 /// when none is free, free slots per power band, the queue's length and
 /// tightest slack, the tasks in flight and the watts busy nodes draw.
 pub fn site_capacity(view: &ClusterView, queue: &[PendingTask]) -> SiteCapacity {
@@ -364,8 +365,9 @@ pub fn remote_finish_ms(task: &PendingTask, now_ms: u64, site: &RemoteSite) -> O
     if estimate::needs_device(task) && site.digest.class(WorkClass::Gpu).is_none() {
         return None;
     }
-    // The speed is that of a node with a free slot; a digest without one has
-    // no speed to offer, and the wait alone cannot price the work.
+    // A speed of 0 is a site that reports no usable node for the class (or a
+    // digest from a publisher that leaves it 0 when busy): the wait alone
+    // cannot price the work.
     if capacity.speed <= 0.0 {
         return None;
     }
@@ -636,7 +638,7 @@ mod tests {
         // The slow node is busy: idle 6 W plus a quarter of its 20 W dynamic range.
         assert!((capacity.watts - 11.0).abs() < 1e-4, "{}", capacity.watts);
 
-        // Full nodes: no free slot, no speed, the shortest backlog as the wait.
+        // Full nodes: no free slot, the shortest backlog as the wait.
         let mut full = view();
         for node in &mut full.nodes {
             node.load.free_cpu_cores = 0.0;
@@ -647,7 +649,8 @@ mod tests {
         let capacity = site_capacity(&full, &[]);
         assert_eq!(capacity.nodes, 2);
         let cpu = &capacity.classes[0];
-        assert_eq!((cpu.free_slots, cpu.speed, cpu.wait_ms), (0, 0.0, 2_000));
+        // No free slot: the fastest node prices the work after the wait.
+        assert_eq!((cpu.free_slots, cpu.speed, cpu.wait_ms), (0, 1.0, 2_000));
         assert!(
             capacity.classes.iter().all(|c| c.class != WorkClass::Gpu),
             "no online node runs kernels"
