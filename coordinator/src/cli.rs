@@ -899,7 +899,16 @@ fn print_task(task: &TaskDetail) {
     println!("task      {}", task.id);
     println!("state     {}", task.state);
     println!("artifact  {}", task.artifact);
-    println!("node      {}", task.node_id.as_deref().unwrap_or("-"));
+    match &task.site {
+        Some(site) => println!(
+            "node      {} at site {site} (forwarded)",
+            task.site_node.as_deref().unwrap_or("-")
+        ),
+        None => println!("node      {}", task.node_id.as_deref().unwrap_or("-")),
+    }
+    if let Some(origin) = &task.origin_site {
+        println!("from      site {origin}");
+    }
     println!("attempt   {}", task.attempt);
     if let Some(level) = task.power_level {
         println!("power     level {level}");

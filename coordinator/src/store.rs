@@ -649,14 +649,26 @@ impl Store {
 
     /// Stores a new task in state `pending`.
     pub async fn insert_task(&self, task: &NewTask) -> Result<(), StoreError> {
+        self.insert_task_from(task, None).await.map(|_| ())
+    }
+
+    /// Stores a new task in state `pending`, with the site and task it was
+    /// forwarded from, if any; false when a task from that same origin is
+    /// already stored (and nothing was inserted).
+    pub(crate) async fn insert_task_from(
+        &self,
+        task: &NewTask,
+        origin: Option<(&str, &str)>,
+    ) -> Result<bool, StoreError> {
         let sql = "INSERT INTO tasks (id, artifact, runtime, input, args, class, demand, limits, \
                    work_seconds, priority, deadline_unix_ms, created_ms, updated_ms, state, attempt, \
-                   cancel_requested) \
-                   VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $12, 'pending', 0, 0)";
+                   cancel_requested, origin_site, origin_task) \
+                   VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $12, 'pending', 0, 0, $13, $14) \
+                   ON CONFLICT (origin_site, origin_task) DO NOTHING";
         let args = serde_json::to_string(&task.args).map_err(|e| corrupt("tasks.args", e))?;
         let demand = serde_json::to_string(&task.demand).map_err(|e| corrupt("tasks.demand", e))?;
         let limits = serde_json::to_string(&task.limits).map_err(|e| corrupt("tasks.limits", e))?;
-        with_pool!(self, pool => sqlx::query(sql)
+        let inserted = with_pool!(self, pool => sqlx::query(sql)
             .bind(&task.id)
             .bind(task.artifact.to_hex())
             .bind(task.runtime.as_str())
@@ -669,10 +681,12 @@ impl Store {
             .bind(i64::from(task.priority))
             .bind(task.deadline_unix_ms.map(to_db))
             .bind(to_db(task.created_ms))
+            .bind(origin.map(|(site, _)| site))
+            .bind(origin.map(|(_, id)| id))
             .execute(pool)
             .await
-            .map(|_| ()))?;
-        Ok(())
+            .map(|done| done.rows_affected()))?;
+        Ok(inserted == 1)
     }
 
     /// One task, if it exists.

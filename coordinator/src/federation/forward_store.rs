@@ -322,33 +322,10 @@ impl Store {
         if let Some(existing) = self.task_by_origin(origin_site, origin_task).await? {
             return Ok((existing.spec.id, false));
         }
-        let insert = "INSERT INTO tasks (id, artifact, runtime, input, args, class, demand, limits, \
-                      work_seconds, priority, deadline_unix_ms, created_ms, updated_ms, state, attempt, \
-                      cancel_requested, origin_site, origin_task) \
-                      VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $12, 'pending', 0, 0, $13, $14) \
-                      ON CONFLICT (origin_site, origin_task) DO NOTHING";
-        let args = serde_json::to_string(&task.args).map_err(|e| corrupt("tasks.args", e))?;
-        let demand = serde_json::to_string(&task.demand).map_err(|e| corrupt("tasks.demand", e))?;
-        let limits = serde_json::to_string(&task.limits).map_err(|e| corrupt("tasks.limits", e))?;
-        let inserted = with_pool!(self, pool => sqlx::query(insert)
-            .bind(&task.id)
-            .bind(task.artifact.to_hex())
-            .bind(task.runtime.as_str())
-            .bind(&task.input)
-            .bind(&args)
-            .bind(task.class.as_str())
-            .bind(&demand)
-            .bind(&limits)
-            .bind(task.work_seconds)
-            .bind(i64::from(task.priority))
-            .bind(task.deadline_unix_ms.map(to_db))
-            .bind(to_db(task.created_ms))
-            .bind(origin_site)
-            .bind(origin_task)
-            .execute(pool)
-            .await
-            .map(|done| done.rows_affected()))?;
-        if inserted == 1 {
+        if self
+            .insert_task_from(task, Some((origin_site, origin_task)))
+            .await?
+        {
             return Ok((task.id.clone(), true));
         }
         // Another request for the same origin task won the race.

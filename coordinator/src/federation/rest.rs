@@ -20,7 +20,7 @@ use super::sites::SiteEntry;
 use super::wire::{ForwardAccepted, ForwardRequest, ForwardStatus};
 use super::Federation;
 use crate::api::ApiError;
-use crate::store::{CancelOutcome, NewTask};
+use crate::store::{CancelOutcome, NewTask, TaskRecord};
 use crate::task::unix_now_ms;
 use crate::Shared;
 
@@ -220,12 +220,20 @@ async fn fetch_artifact(
     Ok(())
 }
 
-fn forwarded_not_found(site: &str, task: &str) -> ApiError {
-    ApiError::new(
-        StatusCode::NOT_FOUND,
-        "forward_not_found",
-        format!("no task forwarded by site {site} as {task}"),
-    )
+/// The task `site` forwarded here as `task`.
+async fn forwarded(shared: &Shared, site: &str, task: &str) -> Result<TaskRecord, ApiError> {
+    federation(shared)?;
+    shared
+        .store
+        .task_by_origin(site, task)
+        .await?
+        .ok_or_else(|| {
+            ApiError::new(
+                StatusCode::NOT_FOUND,
+                "forward_not_found",
+                format!("no task forwarded by site {site} as {task}"),
+            )
+        })
 }
 
 /// Where a task forwarded here stands.
@@ -247,12 +255,7 @@ pub(crate) async fn forward_status(
     State(shared): State<Arc<Shared>>,
     Path((site, task)): Path<(String, String)>,
 ) -> Result<Json<ForwardStatus>, ApiError> {
-    federation(&shared)?;
-    let record = shared
-        .store
-        .task_by_origin(&site, &task)
-        .await?
-        .ok_or_else(|| forwarded_not_found(&site, &task))?;
+    let record = forwarded(&shared, &site, &task).await?;
     Ok(Json(ForwardStatus {
         task_id: record.spec.id,
         state: record.status,
@@ -285,12 +288,7 @@ pub(crate) async fn cancel_forward(
     State(shared): State<Arc<Shared>>,
     Path((site, task)): Path<(String, String)>,
 ) -> Result<Json<ForwardStatus>, ApiError> {
-    federation(&shared)?;
-    let record = shared
-        .store
-        .task_by_origin(&site, &task)
-        .await?
-        .ok_or_else(|| forwarded_not_found(&site, &task))?;
+    let record = forwarded(&shared, &site, &task).await?;
     if let CancelOutcome::SendCancel { node_id, attempt } = shared
         .store
         .request_cancel(&record.spec.id, unix_now_ms())
