@@ -25,8 +25,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use starling_placement::federation::{site_capacity, InterSiteLink, RemoteSite};
-use starling_proto::site::{DIGEST_URL_LEN, MAX_DIGEST_ARTIFACTS};
-use starling_proto::{SiteDigest, SiteId, PROTOCOL_VERSION};
+use starling_proto::site::MAX_DIGEST_ARTIFACTS;
+use starling_proto::{SiteDigest, SiteId};
 use tokio::sync::{watch, Notify};
 use tokio::task::JoinHandle;
 
@@ -150,46 +150,37 @@ pub(crate) fn spawn(
     ]
 }
 
-/// This site's digest from what the scheduler sees now.
+/// This site's digest from what the scheduler sees now: the same figures
+/// the simulator's sites publish (`SiteCapacity::into_digest`).
 async fn digest(
     shared: &Shared,
     federation: &Federation,
     version: u64,
-) -> Result<SiteDigest, crate::store::StoreError> {
+) -> Result<SiteDigest, String> {
     let pending = shared
         .store
         .pending_tasks(crate::scheduler::QUEUE_WINDOW)
-        .await?;
-    let snapshot = crate::scheduler::snapshot(shared, pending).await?;
-    let capacity = site_capacity(&snapshot.view, &snapshot.queue);
-    let mut artifacts = heapless::Vec::new();
-    for hex in shared
+        .await
+        .map_err(|error| error.to_string())?;
+    let snapshot = crate::scheduler::snapshot(shared, pending)
+        .await
+        .map_err(|error| error.to_string())?;
+    let artifacts: Vec<starling_proto::Digest> = shared
         .store
         .recent_artifacts(MAX_DIGEST_ARTIFACTS as u32)
-        .await?
-    {
-        if let Ok(digest) = starling_proto::Digest::parse(&hex) {
-            let _ = artifacts.push(digest);
-        }
-    }
-    let mut api_url = heapless::String::<DIGEST_URL_LEN>::new();
-    if api_url.push_str(&shared.public_url).is_err() {
-        tracing::warn!(url = %shared.public_url, "public URL too long for the site digest; peers cannot forward here");
-    }
-    Ok(SiteDigest {
-        v: PROTOCOL_VERSION,
-        site: federation.site.clone(),
-        version,
-        api_url,
-        nodes: capacity.nodes,
-        classes: capacity.classes,
-        power: capacity.power,
-        pending: capacity.pending,
-        running: capacity.running,
-        slack_ms: capacity.slack_ms,
-        watts: capacity.watts,
-        artifacts,
-    })
+        .await
+        .map_err(|error| error.to_string())?
+        .iter()
+        .filter_map(|hex| starling_proto::Digest::parse(hex).ok())
+        .collect();
+    site_capacity(&snapshot.view, &snapshot.queue)
+        .into_digest(
+            federation.site.clone(),
+            version,
+            &shared.public_url,
+            &artifacts,
+        )
+        .map_err(|error| format!("{error}; pass a shorter --public-url so peers can forward here"))
 }
 
 /// Publishes this site's digest when it changed, when a site joined (so the
@@ -204,7 +195,8 @@ async fn publish_digests(
     let mut version = 0u64;
     let mut joined = false;
     loop {
-        match digest(&shared, &federation, 0).await {
+        // Compared without its version: only a change of figures is news.
+        match digest(&shared, &federation, 1).await {
             Ok(mut fresh) => {
                 let due = match &last {
                     None => true,
