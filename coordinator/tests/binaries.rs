@@ -165,6 +165,89 @@ fn startup_errors_say_what_to_change() {
 
     let error = failing_serve(&["--listen", "nowhere"]);
     assert!(error.contains("--listen"), "{error}");
+
+    // Federation: a site without a key, a key that is not one, a busy gossip port.
+    let error = failing_serve(&["--listen", "127.0.0.1:0", "--site", "plant-a"]);
+    assert!(error.contains("--cluster-key"), "{error}");
+    let error = failing_serve(&[
+        "--listen",
+        "127.0.0.1:0",
+        "--mqtt-listen",
+        "127.0.0.1:0",
+        "--site",
+        "plant-a",
+        "--cluster-key",
+        "c2hvcnQ=",
+    ]);
+    assert!(
+        error.contains("32") && error.contains("cluster-key"),
+        "{error}"
+    );
+    let busy_udp = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+    let key = Command::new(COORDINATOR)
+        .arg("cluster-key")
+        .output()
+        .unwrap();
+    assert!(key.status.success());
+    let key = String::from_utf8(key.stdout).unwrap();
+    let error = failing_serve(&[
+        "--listen",
+        "127.0.0.1:0",
+        "--mqtt-listen",
+        "127.0.0.1:0",
+        "--site",
+        "plant-a",
+        "--cluster-key",
+        key.trim(),
+        "--gossip-listen",
+        &busy_udp.local_addr().unwrap().to_string(),
+    ]);
+    assert!(
+        error.contains("address in use") && error.contains("--gossip-listen"),
+        "{error}"
+    );
+}
+
+#[test]
+fn sim_compares_federation_on_and_off_and_refuses_settings_it_cannot_use() {
+    let dir = tempfile::tempdir().unwrap();
+    let output = Command::new(COORDINATOR)
+        .args([
+            "sim",
+            "--sites",
+            "3",
+            "--seed",
+            "7",
+            "--duration",
+            "10",
+            "--nodes-per-profile",
+            "2",
+            "--out",
+        ])
+        .arg(dir.path())
+        .output()
+        .unwrap();
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let report: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.path().join("federation.json")).unwrap())
+            .unwrap();
+    let table = std::fs::read_to_string(dir.path().join("federation.md")).unwrap();
+    assert!(table.contains("| heuristic | on |"), "{table}");
+    assert!(report.is_object(), "{report}");
+    for bad in [vec!["--sites", "1"], vec!["--site-load", "0.5"]] {
+        let output = Command::new(COORDINATOR)
+            .arg("sim")
+            .args(&bad)
+            .arg("--out")
+            .arg(dir.path())
+            .output()
+            .unwrap();
+        assert_eq!(output.status.code(), Some(2), "{bad:?}");
+    }
 }
 
 #[test]
