@@ -1770,7 +1770,7 @@ async fn get_task(
     params(("id" = String, Path, description = "The task's id")),
     responses(
         (status = 200, description = "Cancelled (it was pending)", body = TaskDetail),
-        (status = 202, description = "Cancel sent to the node running it", body = TaskDetail),
+        (status = 202, description = "Cancel sent to the node (or the site) running it", body = TaskDetail),
         (status = 401, description = "Missing or wrong API token", body = ApiError),
         (status = 404, description = "No such task", body = ApiError),
         (status = 409, description = "The task already ended", body = ApiError)
@@ -1784,6 +1784,12 @@ async fn cancel_task(
         CancelOutcome::Cancelled => StatusCode::OK,
         CancelOutcome::SendCancel { node_id, attempt } => {
             send_cancel(&shared, &id, &node_id, attempt).await?;
+            StatusCode::ACCEPTED
+        }
+        CancelOutcome::Forwarded => {
+            if let Some(federation) = &shared.federation {
+                federation.wake_forwarder.notify_one();
+            }
             StatusCode::ACCEPTED
         }
         CancelOutcome::AlreadyEnded(state) => {

@@ -240,6 +240,8 @@ pub enum CancelOutcome {
         /// The attempt to stop.
         attempt: u32,
     },
+    /// The task runs at another site: the forwarder passes the cancel on.
+    Forwarded,
     /// The task had already ended in this state.
     AlreadyEnded(TaskStatus),
     /// No task has this id.
@@ -1113,6 +1115,8 @@ impl Store {
                     node_id,
                     attempt: u32::try_from(attempt).unwrap_or(0),
                 }),
+                // In flight with no local node: forwarded to another site.
+                (1, None) => Ok(CancelOutcome::Forwarded),
                 _ => Ok::<CancelOutcome, StoreError>(CancelOutcome::AlreadyEnded(status)),
             }
         })?;

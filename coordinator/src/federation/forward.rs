@@ -64,7 +64,11 @@ async fn pass(shared: &Shared, federation: &Federation) -> Result<(), StoreError
         let Some(record) = shared.store.task(&forward.task_id).await? else {
             continue;
         };
-        if forward.accepted {
+        // No call to a peer the failure detector declared down: it would
+        // only wait for a timeout.
+        if !federation.gossip.table().is_alive(&forward.site) {
+            give_up_if_due(shared, federation, &forward, "no answer").await?;
+        } else if forward.accepted {
             follow(shared, federation, &forward).await?;
         } else {
             send(shared, federation, &forward, &record).await?;
@@ -107,9 +111,7 @@ async fn send(
                 .forward_answered(&forward.task_id, forward.attempt, None, unix_now_ms())
                 .await
         }
-        PeerAnswer::Refused(why) => {
-            take_back(shared, federation, forward, &format!("refused it: {why}")).await
-        }
+        PeerAnswer::Refused(why) => take_back(shared, forward, &format!("refused it: {why}")).await,
         PeerAnswer::Silent(why) => give_up_if_due(shared, federation, forward, &why).await,
     }
 }
@@ -132,13 +134,7 @@ async fn follow(
     let status = match call::<ForwardStatus>(federation, federation.http.get(&base)).await {
         PeerAnswer::Ok(status) => status,
         PeerAnswer::Refused(why) => {
-            return take_back(
-                shared,
-                federation,
-                forward,
-                &format!("no longer knows it: {why}"),
-            )
-            .await
+            return take_back(shared, forward, &format!("no longer knows it: {why}")).await
         }
         PeerAnswer::Silent(why) => return give_up_if_due(shared, federation, forward, &why).await,
     };
@@ -162,7 +158,6 @@ async fn follow(
         Some(Err(error)) => {
             return take_back(
                 shared,
-                federation,
                 forward,
                 &format!("sent output that is not base64 ({error})"),
             )
@@ -196,21 +191,16 @@ async fn give_up_if_due(
     forward: &OpenForward,
     why: &str,
 ) -> Result<(), StoreError> {
-    let down = !federation.gossip.table().is_alive(&forward.site);
+    // A suspect may still refute the suspicion: only a declared death, or
+    // silence past the timeout, takes the work back.
+    let down = federation.gossip.table().is_down(&forward.site);
     let silent_ms = unix_now_ms().saturating_sub(forward.answered_ms);
     let timeout_ms = u64::try_from(federation.forward_timeout.as_millis()).unwrap_or(u64::MAX);
     if down {
-        take_back(
-            shared,
-            federation,
-            forward,
-            &format!("was declared down ({why})"),
-        )
-        .await
+        take_back(shared, forward, &format!("was declared down ({why})")).await
     } else if silent_ms > timeout_ms {
         take_back(
             shared,
-            federation,
             forward,
             &format!("did not answer for {} s ({why})", silent_ms / 1000),
         )
@@ -221,12 +211,7 @@ async fn give_up_if_due(
     }
 }
 
-async fn take_back(
-    shared: &Shared,
-    _federation: &Federation,
-    forward: &OpenForward,
-    reason: &str,
-) -> Result<(), StoreError> {
+async fn take_back(shared: &Shared, forward: &OpenForward, reason: &str) -> Result<(), StoreError> {
     let outcome = shared
         .store
         .take_back_forward(

@@ -197,6 +197,13 @@ impl SiteTable {
             .is_some_and(|site| site.state == SiteState::Alive)
     }
 
+    /// Whether the failure detector declared `name` down (or never saw it).
+    pub fn is_down(&self, name: &str) -> bool {
+        self.sites
+            .get(name)
+            .is_none_or(|site| site.state == SiteState::Down)
+    }
+
     /// Peers that work may go to: alive (not merely suspected) and with a digest.
     pub fn peers(&self) -> Vec<Peer> {
         self.sites
