@@ -309,7 +309,7 @@ impl<'f> Cluster<'f> {
         for i in 1..n {
             self.spawn(i);
         }
-        let converged = self.wait_for(Duration::from_secs(120), |c| {
+        let converged = self.wait_for(Duration::from_secs(60), |c| {
             if !c.everyone_sees_everyone() {
                 return None;
             }
@@ -406,30 +406,45 @@ impl<'f> Cluster<'f> {
         let others = move || (0..n).filter(move |&i| i != k);
         let t0 = Instant::now();
         self.fabric.cut(k);
-        let down = self.wait_for(Duration::from_secs(60), |c| {
+        let down = self.wait_for(Duration::from_secs(30), |c| {
             c.all_saw(others(), t0, |e| *e == Event::Down(k))
         });
         if down.is_none() {
+            let saw = others()
+                .filter(|&i| self.first(i, t0, |e| *e == Event::Down(k)).is_some())
+                .count();
             eprintln!(
-                "gossip: {} members did not all declare m{k} down; logs kept in {}",
+                "gossip: only {saw} of {} {} members declared m{k} down; logs kept in {}",
+                n - 1,
                 self.kind.name(),
                 self.keep_logs().display()
             );
         }
+        // Events are taken from before the link comes back (a fast rejoin
+        // may beat `restore`'s return) and timed from the return, when the
+        // bridge forwards again.
+        let restoring = Instant::now();
         self.fabric.restore(k);
-        // `restore` returns once the bridge forwards again.
         let t1 = Instant::now();
-        let up = self.wait_for(Duration::from_secs(120), |c| {
-            c.all_saw(others(), t1, |e| *e == Event::Up(k))
+        // Serf's reconnect of failed members runs every 30 s, hence the wait.
+        let up = self.wait_for(Duration::from_secs(75), |c| {
+            c.all_saw(others(), restoring, |e| *e == Event::Up(k))
         });
         if up.is_none() {
+            let saw = others()
+                .filter(|&i| self.first(i, restoring, |e| *e == Event::Up(k)).is_some())
+                .count();
             eprintln!(
-                "gossip: {} members did not all see m{k} again; logs kept in {}",
+                "gossip: only {saw} of {} {} members saw m{k} again; logs kept in {}",
+                n - 1,
                 self.kind.name(),
                 self.keep_logs().display()
             );
         }
-        (down.map(|at| at - t0), up.map(|at| at - t1))
+        (
+            down.map(|at| at - t0),
+            up.map(|at| at.saturating_duration_since(t1)),
+        )
     }
 
     /// Keeps the members' logs past the run, for a post-mortem.
@@ -543,7 +558,7 @@ fn measure(
         figures.rejoin.push(up);
         // Back to a cluster where everyone sees everyone (the cut member
         // too), so the next cut starts from the same state.
-        let settled = cluster.wait_for(Duration::from_secs(60), |c| {
+        let settled = cluster.wait_for(Duration::from_secs(30), |c| {
             c.everyone_sees_everyone().then_some(())
         });
         if settled.is_none() {

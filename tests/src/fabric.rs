@@ -68,6 +68,7 @@ impl Fabric {
         // A stale bridge of a crashed process with the same id goes first.
         let _ = run_ip(&["link", "del", &fabric.bridge]);
         allow_bridged_forwarding();
+        make_room_for_neighbours(members);
         ip(&[
             "link",
             "add",
@@ -292,6 +293,28 @@ fn free_subnet(prefix: u8, seed: u32) -> anyhow::Result<Ipv4Addr> {
         }
     }
     bail!("no free /{prefix} left for a fabric")
+}
+
+/// The kernel keeps one ARP table for all namespaces, and by default
+/// refuses new entries beyond 1024 (`gc_thresh3`), logging "neighbor table
+/// overflow" and dropping the packets that needed them. Members that all talk
+/// to each other hold about `members²` entries together: a 50-member fabric
+/// needs 2500, and without room its members lose packets to each other at
+/// random. The limits are raised (never lowered) with room for the host and
+/// other fabrics, and that is said on stderr, because they are host-wide and
+/// outlive the fabric.
+fn make_room_for_neighbours(members: usize) {
+    let needed = (members + 1) * (members + 1) + 1024;
+    for (name, want) in [("gc_thresh2", needed), ("gc_thresh3", 2 * needed)] {
+        let path = format!("/proc/sys/net/ipv4/neigh/default/{name}");
+        let now: usize = std::fs::read_to_string(&path)
+            .ok()
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(usize::MAX);
+        if now < want && std::fs::write(&path, want.to_string()).is_ok() {
+            eprintln!("fabric: raised net.ipv4.neigh.default.{name} from {now} to {want} for {members} members");
+        }
+    }
 }
 
 /// With `br_netfilter` loaded and `bridge-nf-call-iptables` on (Debian's

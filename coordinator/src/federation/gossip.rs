@@ -28,7 +28,7 @@ use super::sites::SiteTable;
 /// Largest datagram sent or accepted, sealed: under a 1500-byte MTU.
 pub const MAX_DATAGRAM: usize = 1400;
 /// How often a coordinator with no live peer announces itself to its seeds.
-const SEED_RETRY: Duration = Duration::from_secs(2);
+const SEED_RETRY: Duration = Duration::from_secs(1);
 /// How often a site's digest is published even when nothing changed, so a
 /// digest lost on the way, or a member that joined late, is caught up.
 pub const DIGEST_REFRESH: Duration = Duration::from_secs(10);
@@ -215,7 +215,7 @@ fn lock(table: &Mutex<SiteTable>) -> MutexGuard<'_, SiteTable> {
 
 /// memberlist's LAN profile (what Serf's `-profile=lan` runs), with the
 /// suspicion timeout and retransmissions scaled to the cluster's size, and
-/// down members re-announced to every 5 s so a site cut off and reconnected
+/// down members re-announced to every 2 s so a site cut off and reconnected
 /// rejoins in seconds.
 fn lan_config(members: usize) -> Config {
     let size = NonZeroU32::new(u32::try_from(members.max(1)).unwrap_or(u32::MAX))
@@ -224,7 +224,7 @@ fn lan_config(members: usize) -> Config {
     config.max_packet_size =
         NonZeroUsize::new(MAX_DATAGRAM - SEAL_OVERHEAD).unwrap_or(NonZeroUsize::MIN);
     config.periodic_announce_to_down_members = Some(foca::PeriodicParams {
-        frequency: Duration::from_secs(5),
+        frequency: Duration::from_secs(2),
         num_members: NonZeroUsize::MIN.saturating_add(1),
     });
     config

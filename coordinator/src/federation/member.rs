@@ -83,15 +83,20 @@ pub async fn run(args: GossipMemberArgs) -> anyhow::Result<()> {
     print(&serde_json::json!({"event": "ready", "site": site.as_str(), "addr": gossip.local_addr().to_string()})).await?;
     let mut lines = BufReader::new(tokio::io::stdin()).lines();
     let mut stdin_open = true;
+    // As a coordinator does: newcomers learn this site's digest soon, with
+    // one publication per check however many joined meanwhile.
+    let mut joined = false;
+    let mut check = tokio::time::interval(super::DIGEST_CHECK);
     loop {
         tokio::select! {
+            _ = check.tick(), if joined => {
+                joined = false;
+                version = crate::task::unix_now_ms().max(version + 1);
+                gossip.publish(&synthetic_digest(&site, args.bind, version)).map_err(anyhow::Error::msg)?;
+            }
             event = events.recv() => match event {
                 Ok(event) => {
-                    // As a coordinator does: a newcomer learns this site's digest at once.
-                    if matches!(event, super::GossipEvent::Up { .. }) {
-                        version = crate::task::unix_now_ms().max(version + 1);
-                        gossip.publish(&synthetic_digest(&site, args.bind, version)).map_err(anyhow::Error::msg)?;
-                    }
+                    joined |= matches!(event, super::GossipEvent::Up { .. });
                     print(&serde_json::to_value(&event)?).await?
                 }
                 Err(tokio::sync::broadcast::error::RecvError::Lagged(missed)) => {

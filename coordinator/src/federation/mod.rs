@@ -38,7 +38,7 @@ use crate::config::FederationConfig;
 use crate::Shared;
 
 /// How often this site's capacity is looked at for a new digest.
-const DIGEST_CHECK: Duration = Duration::from_millis(500);
+pub(crate) const DIGEST_CHECK: Duration = Duration::from_millis(500);
 /// How often peers' REST round trips are measured.
 const RTT_PROBE: Duration = Duration::from_secs(5);
 /// Round trip assumed for a peer not measured yet.
