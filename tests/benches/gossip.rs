@@ -313,12 +313,21 @@ impl<'f> Cluster<'f> {
             if !c.everyone_sees_everyone() {
                 return None;
             }
+            // The pair that took longest, to tell a slow member from a slow cluster.
             (0..n)
                 .flat_map(|i| (0..n).filter(move |&j| j != i).map(move |j| (i, j)))
-                .map(|(i, j)| c.first(i, t0, |e| *e == Event::Up(j)))
-                .try_fold(t0, |latest, at| Some(latest.max(at?)))
+                .map(|(i, j)| Some((c.first(i, t0, |e| *e == Event::Up(j))?, i, j)))
+                .try_fold((t0, 0, 0), |latest, seen| Some(latest.max(seen?)))
         });
-        converged.map(|at| at - t0)
+        let (at, i, j) = converged?;
+        if n > 2 {
+            eprintln!(
+                "gossip:   {} join: the last to see everyone was m{i}, which saw m{j} after {}",
+                self.kind.name(),
+                show(Some(at - t0))
+            );
+        }
+        Some(at - t0)
     }
 
     /// Member 0 publishes a new digest (`round` names it for Serf); returns
@@ -346,6 +355,21 @@ impl<'f> Cluster<'f> {
                     )?;
                     Some((published, reached))
                 });
+                if reached.is_none() {
+                    let published = self.events[0].iter().find_map(|(at, e)| match e {
+                        Event::Published(v) if *at >= before => Some(*v),
+                        _ => None,
+                    });
+                    match published {
+                        Some(version) => self.report_missing(
+                            &format!("m0's digest {version}"),
+                            others(),
+                            before,
+                            |e| matches!(e, Event::Digest(0, v) if *v >= version),
+                        ),
+                        None => eprintln!("gossip: m0 never said it published"),
+                    }
+                }
                 reached.map(|(published, reached)| {
                     eprintln!(
                         "gossip:   Starling digest: published by m0 {:.1} ms after `bump`; \
@@ -382,6 +406,11 @@ impl<'f> Cluster<'f> {
                 // line), or when `serf tags` returned if that came first.
                 // Starting it before `serf tags` ran would charge Serf the
                 // start of a Go CLI, tens of milliseconds.
+                if reached.is_none() {
+                    self.report_missing("m0's new tags", others(), asked, |e| {
+                        *e == Event::Digest(0, 0)
+                    });
+                }
                 reached.map(|(applied, reached)| {
                     let t0 = applied.min(returned);
                     eprintln!(
@@ -410,15 +439,9 @@ impl<'f> Cluster<'f> {
             c.all_saw(others(), t0, |e| *e == Event::Down(k))
         });
         if down.is_none() {
-            let saw = others()
-                .filter(|&i| self.first(i, t0, |e| *e == Event::Down(k)).is_some())
-                .count();
-            eprintln!(
-                "gossip: only {saw} of {} {} members declared m{k} down; logs kept in {}",
-                n - 1,
-                self.kind.name(),
-                self.keep_logs().display()
-            );
+            self.report_missing(&format!("m{k} down"), others(), t0, |e| {
+                *e == Event::Down(k)
+            });
         }
         // Events are taken from before the link comes back (a fast rejoin
         // may beat `restore`'s return) and timed from the return, when the
@@ -431,20 +454,39 @@ impl<'f> Cluster<'f> {
             c.all_saw(others(), restoring, |e| *e == Event::Up(k))
         });
         if up.is_none() {
-            let saw = others()
-                .filter(|&i| self.first(i, restoring, |e| *e == Event::Up(k)).is_some())
-                .count();
-            eprintln!(
-                "gossip: only {saw} of {} {} members saw m{k} again; logs kept in {}",
-                n - 1,
-                self.kind.name(),
-                self.keep_logs().display()
-            );
+            self.report_missing(&format!("m{k} alive again"), others(), restoring, |e| {
+                *e == Event::Up(k)
+            });
         }
         (
             down.map(|at| at - t0),
             up.map(|at| at.saturating_duration_since(t1)),
         )
+    }
+
+    /// Says on stderr which of `observers` reported no event that `matches`
+    /// at or after `since`, and keeps the logs.
+    fn report_missing(
+        &self,
+        what: &str,
+        observers: impl IntoIterator<Item = usize>,
+        since: Instant,
+        matches: impl Fn(&Event) -> bool + Copy,
+    ) {
+        let observers: Vec<usize> = observers.into_iter().collect();
+        let missing: Vec<String> = observers
+            .iter()
+            .filter(|&&i| self.first(i, since, matches).is_none())
+            .map(|i| format!("m{i}"))
+            .collect();
+        eprintln!(
+            "gossip: {} of {} {} members never reported {what}: {}; logs kept in {}",
+            missing.len(),
+            observers.len(),
+            self.kind.name(),
+            missing.join(", "),
+            self.keep_logs().display()
+        );
     }
 
     /// Keeps the members' logs past the run, for a post-mortem.
@@ -581,7 +623,8 @@ fn show(d: Option<Duration>) -> String {
     }
 }
 
-/// `median / max` of the samples, with the count of timeouts when any.
+/// `median / max` of the samples that did not time out (the median of two
+/// is their mean), with the count of timeouts when any.
 fn summary(samples: &[Option<Duration>]) -> String {
     let mut got: Vec<Duration> = samples.iter().flatten().copied().collect();
     if got.is_empty() {
@@ -592,7 +635,12 @@ fn summary(samples: &[Option<Duration>]) -> String {
         };
     }
     got.sort();
-    let median = got[got.len() / 2];
+    let middle = got.len() / 2;
+    let median = if got.len().is_multiple_of(2) {
+        (got[middle - 1] + got[middle]) / 2
+    } else {
+        got[middle]
+    };
     let max = got[got.len() - 1];
     let missed = samples.len() - got.len();
     let mut text = if max < Duration::from_secs(1) {
