@@ -13,7 +13,7 @@
 //! scheduler with the peers' digests.
 
 mod forward;
-pub(crate) mod forward_store;
+pub mod forward_store;
 pub mod gossip;
 pub mod key;
 pub mod member;
