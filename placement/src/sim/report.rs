@@ -152,14 +152,7 @@ impl SimReport {
              Decision time: time in `Policy::decide` over decisions asked (a held task counts \
              once per round), by the caller's stopwatch.\n\n",
         );
-        let claims = self.claims();
-        if !claims.is_empty() {
-            out.push_str("Checks against the issue's targets:\n\n");
-            for claim in claims {
-                let _ = writeln!(out, "- {claim}");
-            }
-            out.push('\n');
-        }
+        push_claims(&mut out, "Checks against the issue's targets:", &self.claims());
         out
     }
 
@@ -345,4 +338,16 @@ impl SimReport {
         }
         Ok(svg)
     }
+}
+
+/// Appends `claims` as a Markdown list under `heading`; nothing when empty.
+pub(crate) fn push_claims(out: &mut String, heading: &str, claims: &[String]) {
+    if claims.is_empty() {
+        return;
+    }
+    let _ = writeln!(out, "{heading}\n");
+    for claim in claims {
+        let _ = writeln!(out, "- {claim}");
+    }
+    out.push('\n');
 }

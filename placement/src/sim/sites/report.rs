@@ -133,14 +133,7 @@ impl SitesReport {
              included. Forwarded: tasks a site sent to a peer (each at most once). Energy, failed, \
              dropped and decision time as in the single-site table.\n\n",
         );
-        let claims = self.claims();
-        if !claims.is_empty() {
-            out.push_str("Checks:\n\n");
-            for claim in claims {
-                let _ = writeln!(out, "- {claim}");
-            }
-            out.push('\n');
-        }
+        crate::sim::report::push_claims(&mut out, "Checks:", &self.claims());
         out
     }
 
