@@ -152,7 +152,11 @@ impl SimReport {
              Decision time: time in `Policy::decide` over decisions asked (a held task counts \
              once per round), by the caller's stopwatch.\n\n",
         );
-        push_claims(&mut out, "Checks against the issue's targets:", &self.claims());
+        push_claims(
+            &mut out,
+            "Checks against the issue's targets:",
+            &self.claims(),
+        );
         out
     }
 
