@@ -2,7 +2,6 @@
 //! hard constraint (online, runtime, arch, labels, OpenCL device type, device
 //! memory and double precision, memory), every task gets exactly one decision,
 //! and the simulator is deterministic for a seed.
-#![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::collections::HashMap;
 
