@@ -10,7 +10,6 @@
 use std::panic::AssertUnwindSafe;
 use std::path::{Path, PathBuf};
 use std::ptr;
-use std::sync::{Mutex, MutexGuard};
 use std::time::Instant;
 
 use opencl3::command_queue::{CommandQueue, CL_QUEUE_PROFILING_ENABLE};
@@ -28,8 +27,10 @@ use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 use starling_proto::{FailureReason, GpuKind};
 
-use crate::probe::DeviceInfo;
-use crate::spec::{ArgKind, BoundArg, DeviceType, KernelSpec, Launch, ScalarType, SpecError};
+use crate::device::{DeviceInfo, DeviceType};
+use crate::driver::{enumerate, opencl_lock};
+use crate::scalar::ScalarType;
+use crate::spec::{ArgKind, BoundArg, KernelSpec, Launch, SpecError};
 
 /// One kernel run, as the agent sends it to the worker.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -169,18 +170,6 @@ impl RunError {
 /// first errors are the ones that matter.
 pub const MAX_BUILD_LOG_BYTES: usize = 64 * 1024;
 
-static OPENCL: Mutex<()> = Mutex::new(());
-
-/// Serialises OpenCL use within one process: PoCL has crashed when two threads
-/// initialise it at once. Every entry point into OpenCL in this crate holds it.
-pub(crate) fn opencl_lock() -> MutexGuard<'static, ()> {
-    // A panic while holding the lock leaves nothing half-written that the
-    // lock protects (it guards the driver, not data), so poisoning is ignored.
-    OPENCL
-        .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner())
-}
-
 /// Runs one kernel: binds the request, picks a device, builds (or loads the
 /// cached binary from `cache_dir/binaries/`), runs it once and reads back the
 /// output. Everything that can be refused (sizes, limits, device type) is
@@ -208,7 +197,7 @@ fn run_locked(request: &RunRequest, cache_dir: Option<&Path>) -> Result<RunOutco
     let launch = request
         .spec
         .bind(&request.args, request.input.len() as u64)?;
-    let (device, info) = choose_device(crate::probe::enumerate(), &request.spec)?;
+    let (device, info) = choose_device(enumerate(), &request.spec)?;
     check_limits(&launch, request, &info)?;
 
     let context = Context::from_device(&device)
@@ -935,7 +924,11 @@ fn read_output(
     Ok(output)
 }
 
-/// The calibration kernel (see [`crate::probe`]): `CALIBRATION_CHAINS`
+/// Independent multiply-add chains per work-item in the reference kernel
+/// (the calibration is described in [`crate::probe`]).
+pub const CALIBRATION_CHAINS: u32 = 8;
+
+/// The calibration kernel (see [`crate::probe`]): [`CALIBRATION_CHAINS`]
 /// independent chains of dependent `float4` multiply-adds per work-item.
 const CALIBRATION_SOURCE: &str = r#"
 __kernel void starling_calibrate(__global float *out, const uint iterations,
@@ -1046,7 +1039,7 @@ pub(crate) fn measure_gflops(
 
 /// Floating-point operations per loop iteration per work-item of the
 /// calibration kernel: chains × 4 lanes × 2 (a multiply-add counts as two).
-const CALIBRATION_FLOPS_PER_ITERATION: u32 = crate::probe::CALIBRATION_CHAINS * 4 * 2;
+const CALIBRATION_FLOPS_PER_ITERATION: u32 = CALIBRATION_CHAINS * 4 * 2;
 
 #[cfg(test)]
 #[allow(clippy::unwrap_used, clippy::expect_used)]

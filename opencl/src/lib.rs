@@ -10,21 +10,36 @@
 //!
 //! The agent never calls OpenCL itself: a driver that hangs or crashes, or a
 //! kernel that never ends, must not take the agent down. Every OpenCL call runs
-//! in the `starling-opencl-worker` child process ([`worker`]), which the agent
-//! kills at the task's wall-time limit. Inside the worker, [`exec`] (the only
-//! module allowed `unsafe`) builds, caches and runs kernels, and [`probe`]
-//! lists and calibrates devices.
+//! in the `starling-opencl-worker` child process (`worker`), which the agent
+//! kills at the task's wall-time limit. Inside the worker, `exec` (the only
+//! module allowed `unsafe`) builds, caches and runs kernels, and `probe` lists
+//! and calibrates devices, both through `driver` (the process-wide OpenCL lock
+//! and the device walk).
 //!
-//! Pure parts (no OpenCL, no I/O): [`spec`], [`expr`], [`signature`],
-//! [`package`].
+//! Pure parts (no OpenCL, no I/O), always built: [`spec`], [`expr`],
+//! [`signature`], [`package`], [`device`], [`scalar`]. The OpenCL parts
+//! (`driver`, `exec`, `probe`, `worker` and the worker binary) need the
+//! default feature `runtime`, the only thing that links `opencl3`; a crate that
+//! only validates packages and submissions (the `starling` CLI) turns default
+//! features off. Imports between modules point one way, from the runtime down
+//! to the pure modules (`tests/layering.rs` checks it).
 
+pub mod device;
+#[cfg(feature = "runtime")]
+mod driver;
+#[cfg(feature = "runtime")]
 pub mod exec;
 pub mod expr;
 pub mod package;
+#[cfg(feature = "runtime")]
 pub mod probe;
+pub mod scalar;
 pub mod signature;
 pub mod spec;
+#[cfg(feature = "runtime")]
 pub mod worker;
 
+pub use device::{DeviceInfo, DeviceType};
 pub use package::Package;
-pub use spec::{ArgKind, ArgSpec, BoundArg, DeviceType, KernelSpec, Launch, ScalarType, SpecError};
+pub use scalar::ScalarType;
+pub use spec::{ArgKind, ArgSpec, BoundArg, KernelSpec, Launch, SpecError};

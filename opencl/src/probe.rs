@@ -29,87 +29,15 @@
 use std::path::Path;
 use std::time::Instant;
 
-use opencl3::device::{
-    Device, CL_DEVICE_TYPE_ACCELERATOR, CL_DEVICE_TYPE_ALL, CL_DEVICE_TYPE_CPU, CL_DEVICE_TYPE_GPU,
-};
+use opencl3::device::Device;
 use serde::{Deserialize, Serialize};
-use starling_proto::task::truncate;
-use starling_proto::{GpuDevice, GpuKind};
 
-/// One OpenCL device, as the worker reports it to the agent.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct DeviceInfo {
-    /// The platform's name.
-    pub platform: String,
-    /// The device vendor.
-    pub vendor: String,
-    /// The device name.
-    pub name: String,
-    /// Device type.
-    pub kind: GpuKind,
-    /// `CL_DEVICE_VERSION`.
-    pub version: String,
-    /// `CL_DRIVER_VERSION`.
-    pub driver_version: String,
-    /// Compute units.
-    pub compute_units: u32,
-    /// Highest clock, MHz.
-    pub max_clock_mhz: u32,
-    /// Global memory, bytes.
-    pub global_mem_bytes: u64,
-    /// Local memory, bytes.
-    pub local_mem_bytes: u64,
-    /// Largest single allocation, bytes.
-    pub max_alloc_bytes: u64,
-    /// Largest work-group.
-    pub max_work_group_size: u64,
-    /// Double precision support.
-    pub fp64: bool,
-    /// Measured single-precision GFLOP/s, when calibrated.
-    pub gflops: Option<f64>,
-}
-
-impl DeviceInfo {
-    /// The device as the capability message carries it (strings cut to the
-    /// proto's bounds).
-    pub fn to_proto(&self) -> GpuDevice {
-        GpuDevice {
-            platform: truncate(self.platform.trim()),
-            vendor: truncate(self.vendor.trim()),
-            name: truncate(self.name.trim()),
-            kind: self.kind,
-            compute_units: self.compute_units,
-            memory_bytes: self.global_mem_bytes,
-            max_clock_mhz: self.max_clock_mhz,
-            version: truncate(self.version.trim()),
-            local_memory_bytes: self.local_mem_bytes,
-            max_alloc_bytes: self.max_alloc_bytes,
-            max_work_group_size: u32::try_from(self.max_work_group_size).unwrap_or(u32::MAX),
-            fp64: self.fp64,
-            // Placement works in f32; GFLOP/s figures lose nothing that matters.
-            gflops: self.gflops.map(|gflops| gflops as f32),
-        }
-    }
-
-    /// The identity a calibration and a cached binary are keyed by.
-    fn cache_key(&self) -> (&str, &str, &str) {
-        (&self.platform, &self.name, &self.driver_version)
-    }
-
-    /// One line for people: `name (kind, fp64)`.
-    pub(crate) fn describe(&self) -> String {
-        format!(
-            "{} ({:?}, {} compute units{})",
-            self.name.trim(),
-            self.kind,
-            self.compute_units,
-            if self.fp64 { ", fp64" } else { ", no fp64" }
-        )
-    }
-}
-
-/// Independent multiply-add chains per work-item in the reference kernel.
-pub const CALIBRATION_CHAINS: u32 = 8;
+// Re-exported so `probe::DeviceInfo` and `probe::CALIBRATION_CHAINS` keep
+// working: the description is pure (`device`), and the chain count belongs
+// with the reference kernel's source in `exec`.
+pub use crate::device::DeviceInfo;
+use crate::driver::{enumerate, opencl_lock};
+pub use crate::exec::CALIBRATION_CHAINS;
 
 /// Bumped whenever the reference kernel or its timing changes, so cached
 /// figures measured with an older kernel are not reused.
@@ -123,97 +51,8 @@ const CALIBRATION_FILE: &str = "calibration.json";
 /// gets an empty list (and a log line), never a panic: a GPU-less node is
 /// normal.
 pub fn list_devices() -> Vec<DeviceInfo> {
-    let _guard = crate::exec::opencl_lock();
+    let _guard = opencl_lock();
     enumerate().into_iter().map(|(_, info)| info).collect()
-}
-
-/// The devices with their OpenCL handles. The caller holds
-/// [`crate::exec::opencl_lock`].
-pub(crate) fn enumerate() -> Vec<(Device, DeviceInfo)> {
-    // A broken ICD can panic inside the bindings; a probe must never take the
-    // caller down, so a panic there counts as "no devices".
-    match std::panic::catch_unwind(enumerate_unguarded) {
-        Ok(Ok(devices)) => {
-            if devices.is_empty() {
-                tracing::info!(
-                    "OpenCL platforms report no devices; this node runs no OpenCL tasks"
-                );
-            }
-            devices
-        }
-        Ok(Err(error)) => {
-            tracing::info!(
-                "no OpenCL platform ({error}); install an OpenCL driver and ICD loader to run OpenCL tasks"
-            );
-            Vec::new()
-        }
-        Err(_) => {
-            tracing::warn!("the OpenCL driver panicked while listing devices; reporting none");
-            Vec::new()
-        }
-    }
-}
-
-fn enumerate_unguarded() -> Result<Vec<(Device, DeviceInfo)>, opencl3::error_codes::ClError> {
-    let mut out = Vec::new();
-    for platform in opencl3::platform::get_platforms()? {
-        let platform_name = platform.name().unwrap_or_default();
-        let ids = match platform.get_devices(CL_DEVICE_TYPE_ALL) {
-            Ok(ids) => ids,
-            Err(error) => {
-                tracing::info!(platform = %platform_name.trim(), "platform lists no devices: {error}");
-                continue;
-            }
-        };
-        for id in ids {
-            let device = Device::new(id);
-            let info = describe_device(&device, platform_name.trim());
-            out.push((device, info));
-        }
-    }
-    Ok(out)
-}
-
-fn describe_device(device: &Device, platform: &str) -> DeviceInfo {
-    let device_type = device.dev_type().unwrap_or(0);
-    let kind = if device_type & CL_DEVICE_TYPE_GPU != 0 {
-        GpuKind::Gpu
-    } else if device_type & CL_DEVICE_TYPE_CPU != 0 {
-        GpuKind::Cpu
-    } else if device_type & CL_DEVICE_TYPE_ACCELERATOR != 0 {
-        GpuKind::Accelerator
-    } else {
-        GpuKind::Other
-    };
-    // Some drivers report an error rather than 0 for the fp64 configuration
-    // of a device without doubles; either way, no doubles.
-    let fp64 = device.double_fp_config().unwrap_or(0) != 0
-        || device
-            .extensions()
-            .unwrap_or_default()
-            .split_whitespace()
-            .any(|extension| extension == "cl_khr_fp64");
-    DeviceInfo {
-        platform: platform.to_owned(),
-        vendor: device.vendor().unwrap_or_default().trim().to_owned(),
-        name: device.name().unwrap_or_default().trim().to_owned(),
-        kind,
-        version: device.version().unwrap_or_default().trim().to_owned(),
-        driver_version: device
-            .driver_version()
-            .unwrap_or_default()
-            .trim()
-            .to_owned(),
-        compute_units: device.max_compute_units().unwrap_or(0),
-        max_clock_mhz: device.max_clock_frequency().unwrap_or(0),
-        global_mem_bytes: device.global_mem_size().unwrap_or(0),
-        local_mem_bytes: device.local_mem_size().unwrap_or(0),
-        max_alloc_bytes: device.max_mem_alloc_size().unwrap_or(0),
-        max_work_group_size: u64::try_from(device.max_work_group_size().unwrap_or(0))
-            .unwrap_or(u64::MAX),
-        fp64,
-        gflops: None,
-    }
 }
 
 /// One cached calibration.
@@ -292,7 +131,7 @@ pub fn calibrate(devices: &mut [DeviceInfo], cache_dir: Option<&Path>) {
     let mut cache = cache_dir.map(CalibrationCache::load).unwrap_or_default();
     let mut changed = false;
     let mut handles: Option<Vec<(Device, DeviceInfo)>> = None;
-    let _guard = crate::exec::opencl_lock();
+    let _guard = opencl_lock();
     for device in devices.iter_mut() {
         if let Some(gflops) = cache.get(device) {
             tracing::debug!(device = %device.name, gflops, "calibration from cache");
@@ -335,6 +174,8 @@ pub fn calibrate(devices: &mut [DeviceInfo], cache_dir: Option<&Path>) {
 #[cfg(test)]
 #[allow(clippy::unwrap_used, clippy::expect_used)]
 mod tests {
+    use starling_proto::GpuKind;
+
     use super::*;
 
     fn device(name: &str) -> DeviceInfo {
@@ -354,19 +195,6 @@ mod tests {
             fp64: true,
             gflops: Some(12.5),
         }
-    }
-
-    #[test]
-    fn to_proto_truncates_and_saturates() {
-        let proto = device("cpu").to_proto();
-        assert_eq!(proto.vendor.len(), starling_proto::limits::NAME_LEN);
-        assert_eq!(proto.max_work_group_size, u32::MAX);
-        assert_eq!(proto.memory_bytes, 1 << 30);
-        assert_eq!(proto.local_memory_bytes, 1 << 20);
-        assert_eq!(proto.max_alloc_bytes, 1 << 28);
-        assert_eq!(proto.gflops, Some(12.5));
-        assert!(proto.fp64);
-        assert_eq!(proto.version.as_str(), "OpenCL 3.0 PoCL");
     }
 
     #[test]

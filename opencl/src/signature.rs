@@ -10,7 +10,7 @@
 
 use std::fmt;
 
-use crate::spec::ScalarType;
+use crate::scalar::ScalarType;
 
 /// Where a parameter lives.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

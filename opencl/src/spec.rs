@@ -12,69 +12,16 @@
 
 use serde::{Deserialize, Serialize};
 
+// Re-exported so `spec::DeviceType` and `spec::ScalarType` keep working. The
+// types live lower down so that `signature` (scalar types) and the runtime
+// (device types) can use them without importing the spec.
+pub use crate::device::DeviceType;
 use crate::expr::Expr;
+pub use crate::scalar::ScalarType;
 use crate::signature::{self, AddressSpace, ParamType};
 
 /// The most work dimensions OpenCL allows.
 pub const MAX_DIMS: usize = 3;
-
-/// The kind of OpenCL device a kernel wants.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum DeviceType {
-    /// Any OpenCL device (the default).
-    #[default]
-    Any,
-    /// A graphics processor.
-    Gpu,
-    /// A CPU exposed through OpenCL (PoCL, for instance).
-    Cpu,
-    /// A dedicated accelerator.
-    Accelerator,
-}
-
-impl DeviceType {
-    /// The proto's device kind this type requires, `None` for any.
-    pub fn required_kind(self) -> Option<starling_proto::GpuKind> {
-        match self {
-            DeviceType::Any => None,
-            DeviceType::Gpu => Some(starling_proto::GpuKind::Gpu),
-            DeviceType::Cpu => Some(starling_proto::GpuKind::Cpu),
-            DeviceType::Accelerator => Some(starling_proto::GpuKind::Accelerator),
-        }
-    }
-
-    /// Whether a device of `kind` satisfies this type.
-    pub fn accepts(self, kind: starling_proto::GpuKind) -> bool {
-        self.required_kind().is_none_or(|wanted| wanted == kind)
-    }
-}
-
-/// An OpenCL C scalar type: a scalar argument's type or a buffer's element type.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum ScalarType {
-    /// `char`, 8-bit signed.
-    Char,
-    /// `uchar`, 8-bit unsigned.
-    Uchar,
-    /// `short`, 16-bit signed.
-    Short,
-    /// `ushort`, 16-bit unsigned.
-    Ushort,
-    /// `int`, 32-bit signed.
-    Int,
-    /// `uint`, 32-bit unsigned.
-    Uint,
-    /// `long`, 64-bit signed.
-    Long,
-    /// `ulong`, 64-bit unsigned.
-    Ulong,
-    /// `float`, 32-bit IEEE 754.
-    Float,
-    /// `double`, 64-bit IEEE 754 (needs an fp64 device).
-    Double,
-}
 
 /// How a kernel argument is passed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -223,39 +170,6 @@ pub struct Launch {
     pub output_bytes: u64,
     /// Bytes of global device memory all buffers take together.
     pub device_bytes: u64,
-}
-
-impl ScalarType {
-    /// Size in bytes.
-    pub fn size(self) -> u64 {
-        match self {
-            ScalarType::Char | ScalarType::Uchar => 1,
-            ScalarType::Short | ScalarType::Ushort => 2,
-            ScalarType::Int | ScalarType::Uint | ScalarType::Float => 4,
-            ScalarType::Long | ScalarType::Ulong | ScalarType::Double => 8,
-        }
-    }
-
-    /// Whether it is an integer type (usable in expressions).
-    pub fn is_integer(self) -> bool {
-        !matches!(self, ScalarType::Float | ScalarType::Double)
-    }
-
-    /// The OpenCL C name (`float`, `uint`, ...).
-    pub fn as_str(self) -> &'static str {
-        match self {
-            ScalarType::Char => "char",
-            ScalarType::Uchar => "uchar",
-            ScalarType::Short => "short",
-            ScalarType::Ushort => "ushort",
-            ScalarType::Int => "int",
-            ScalarType::Uint => "uint",
-            ScalarType::Long => "long",
-            ScalarType::Ulong => "ulong",
-            ScalarType::Float => "float",
-            ScalarType::Double => "double",
-        }
-    }
 }
 
 /// The most global work items one launch may ask for (2^40): more is a

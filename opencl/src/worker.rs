@@ -26,9 +26,9 @@ use std::time::{Duration, Instant};
 use clap::{Parser, Subcommand};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 
+use crate::device::DeviceInfo;
 use crate::exec::{RunError, RunOutcome, RunRequest};
 use crate::package::MAX_SOURCE_BYTES;
-use crate::probe::DeviceInfo;
 
 /// The worker binary's name.
 pub const WORKER_BIN: &str = "starling-opencl-worker";
