@@ -2,7 +2,6 @@
 //! and run through `starling run` via a coordinator and an agent, checked
 //! against CPU references; and every way a kernel can be wrong ends in a clear
 //! error while the agent keeps serving.
-#![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
 
 use std::path::Path;
 use std::time::Duration;
@@ -93,6 +92,7 @@ fn check_saxpy(coordinator: &Coordinator, n: usize) {
 
 #[test]
 fn example_kernels_run_end_to_end_on_pocl_and_match_the_cpu() {
+    let _turn = crate::alongside();
     let (_broker, coordinator, _agent, capability) = cluster();
     let runtimes = capability["runtimes"].as_array().unwrap();
     assert!(
@@ -133,6 +133,7 @@ fn example_kernels_run_end_to_end_on_pocl_and_match_the_cpu() {
 
 #[test]
 fn bad_kernels_fail_clearly_and_the_agent_keeps_serving() {
+    let _turn = crate::alongside();
     let (_broker, coordinator, agent, capability) = cluster();
     let dir = tempfile::tempdir().unwrap();
 

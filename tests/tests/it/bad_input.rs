@@ -2,7 +2,6 @@
 //! the coordinator keep serving: malformed CBOR on every topic, an unsigned
 //! assignment, a module that loops forever, one that grows memory
 //! without end, one that writes unbounded output, an upload that is not wasm.
-#![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
 
 use std::process::Command;
 use std::time::Duration;
@@ -62,6 +61,7 @@ fn run_limited(coordinator: &Coordinator, module: &std::path::Path) -> serde_jso
 
 #[test]
 fn bad_input_fails_clearly_and_everything_keeps_serving() {
+    let _turn = crate::alongside();
     let broker = Mosquitto::start();
     let mut coordinator = Coordinator::start(Some(&broker.url), Store::Sqlite, &[]);
     let mut agent = Agent::start(&coordinator, &broker.url, "victim", "");

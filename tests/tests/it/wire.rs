@@ -1,7 +1,6 @@
 //! What crosses the wire, seen from outside Starling: a plain MQTT client
 //! (`mosquitto_sub`) reads each agent's retained Capability and decodes it with
 //! a generic CBOR reader (ciborium), and the figures match this machine.
-#![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
 
 use std::process::Command;
 use std::time::Duration;
@@ -27,6 +26,7 @@ fn hex_decode(s: &str) -> Vec<u8> {
 
 #[test]
 fn a_plain_mqtt_client_reads_every_capability() {
+    let _turn = crate::alongside();
     let broker = Mosquitto::start();
     let coordinator = Coordinator::start(Some(&broker.url), Store::Sqlite, &[]);
     let _a = Agent::start(&coordinator, &broker.url, "wire-a", "zone=lab");

@@ -5,7 +5,6 @@
 //! refused and change nothing; a node that trusts a publisher runs only what
 //! that publisher signed; coordinator and agents speak MQTT over TLS with the
 //! broker's CA, and not without it.
-#![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
 
 use std::process::{Command, Stdio};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -87,6 +86,7 @@ fn answer(port: u16, node: &NodeId, payload: &[u8]) -> TaskEvent {
 
 #[test]
 fn forged_replayed_redirected_and_expired_assignments_are_refused_and_reported() {
+    let _turn = crate::alongside();
     let broker = Mosquitto::start();
     // Short-lived assignments, so a captured one expires within the test.
     let coordinator = Coordinator::start(
@@ -183,6 +183,7 @@ fn forged_replayed_redirected_and_expired_assignments_are_refused_and_reported()
 
 #[test]
 fn the_embedded_broker_refuses_clients_without_credentials() {
+    let _turn = crate::alongside();
     let coordinator = Coordinator::start(None, Store::Sqlite, &[]);
     let port = coordinator.mqtt.rsplit(':').next().unwrap().to_string();
     for credentials in [vec![], vec!["-u", "intruder", "-P", "guess"]] {
@@ -205,6 +206,7 @@ fn the_embedded_broker_refuses_clients_without_credentials() {
 
 #[test]
 fn rest_calls_without_a_token_or_with_a_low_role_are_refused_and_change_nothing() {
+    let _turn = crate::alongside();
     let coordinator = Coordinator::start(None, Store::Sqlite, &[]);
     let dir = tempfile::tempdir().unwrap();
     let echo = wasm_file(dir.path(), "echo", modules::ECHO);
@@ -264,6 +266,7 @@ fn rest_calls_without_a_token_or_with_a_low_role_are_refused_and_change_nothing(
 
 #[test]
 fn a_node_that_trusts_a_publisher_runs_only_what_it_signed() {
+    let _turn = crate::alongside();
     let coordinator = Coordinator::start(None, Store::Sqlite, &[]);
     let dir = tempfile::tempdir().unwrap();
     let keygen = |name: &str| {
@@ -370,6 +373,7 @@ fn a_node_that_trusts_a_publisher_runs_only_what_it_signed() {
 
 #[test]
 fn coordinator_and_agents_speak_mqtt_over_tls_only_with_the_right_ca() {
+    let _turn = crate::alongside();
     let pki_dir = tempfile::tempdir().unwrap();
     let pki = Pki::create(pki_dir.path());
     let broker = Mosquitto::start_tls(&pki);
@@ -420,6 +424,7 @@ fn assert_plain_mqtt_refused(port: u16) {
 
 #[test]
 fn the_embedded_broker_serves_tls_with_the_given_certificate() {
+    let _turn = crate::alongside();
     let pki_dir = tempfile::tempdir().unwrap();
     let pki = Pki::create(pki_dir.path());
     let coordinator = Coordinator::start(
@@ -485,6 +490,7 @@ fn the_embedded_broker_serves_tls_with_the_given_certificate() {
 
 #[test]
 fn the_rest_api_serves_https_and_agents_and_the_cli_trust_its_ca() {
+    let _turn = crate::alongside();
     let pki_dir = tempfile::tempdir().unwrap();
     let pki = Pki::create(pki_dir.path());
     let coordinator = Coordinator::start_https(None, Store::Sqlite, &[], &pki);

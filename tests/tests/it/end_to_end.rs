@@ -2,7 +2,6 @@
 //! wasm task submitted through the CLI, an agent runs it, and the CLI prints
 //! its output. Against Mosquitto, against the embedded broker, and with the
 //! PostgreSQL store.
-#![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
 
 use std::time::Duration;
 
@@ -52,6 +51,7 @@ fn run_many(coordinator: &Coordinator, dir: &std::path::Path, count: usize) -> V
 
 #[test]
 fn two_agents_over_mosquitto_with_sqlite() {
+    let _turn = crate::alongside();
     let broker = Mosquitto::start();
     let coordinator = Coordinator::start(Some(&broker.url), Store::Sqlite, &[]);
     let _a = Agent::start(&coordinator, &broker.url, "edge-a", "zone=lab");
@@ -68,6 +68,7 @@ fn two_agents_over_mosquitto_with_sqlite() {
 
 #[test]
 fn two_agents_over_the_embedded_broker() {
+    let _turn = crate::alongside();
     let coordinator = Coordinator::start(None, Store::Sqlite, &[]);
     let _a = Agent::start(&coordinator, &coordinator.mqtt, "embedded-a", "");
     let _b = Agent::start(&coordinator, &coordinator.mqtt, "embedded-b", "");
@@ -78,6 +79,7 @@ fn two_agents_over_the_embedded_broker() {
 
 #[test]
 fn two_agents_with_the_postgres_store() {
+    let _turn = crate::alongside();
     let db = PostgresDb::create();
     let broker = Mosquitto::start();
     let coordinator = Coordinator::start(Some(&broker.url), Store::Postgres(db.url.clone()), &[]);
@@ -108,6 +110,7 @@ fn two_agents_with_the_postgres_store() {
 
 #[test]
 fn starling_up_runs_everything_in_one_process() {
+    let _turn = crate::alongside();
     let mut up = Coordinator::start_up(&["--node-id", "local"]);
     let nodes = up.wait_for_nodes(1, Duration::from_secs(30));
     assert_eq!(nodes[0]["id"], "local", "{nodes}");
@@ -120,6 +123,7 @@ fn starling_up_runs_everything_in_one_process() {
 
 #[test]
 fn a_learned_policy_places_real_tasks() {
+    let _turn = crate::alongside();
     // HiRL with the shipped model: the DDQN picks the node, the TD3 actor its
     // power level, and the explanation says so.
     let coordinator = Coordinator::start(None, Store::Sqlite, &["--policy", "hirl"]);

@@ -3,18 +3,17 @@
 //! loop of such faults with a checker over the history of submissions and
 //! results. Every accepted task must complete, and none twice.
 //!
-//! The scenarios share two cores, so they run one at a time (`serial`).
-#![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
+//! The scenarios share two cores, so they run one at a time and beside no
+//! other test of the binary (`serial`).
 
 use std::collections::BTreeMap;
-use std::sync::{Mutex, MutexGuard};
+use std::sync::RwLockWriteGuard;
 use std::time::{Duration, Instant};
 
 use starling_tests::{modules, Agent, Coordinator, Mosquitto, NetNs, Store};
 
-fn serial() -> MutexGuard<'static, ()> {
-    static LOCK: Mutex<()> = Mutex::new(());
-    LOCK.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+fn serial() -> RwLockWriteGuard<'static, ()> {
+    crate::alone()
 }
 
 /// The checker: every accepted task succeeded with its own output, exactly
