@@ -31,6 +31,7 @@ use rumqttc::{
     AsyncClient, ConnectionError, Event, EventLoop, LastWill, MqttOptions,
     Outgoing as MqttOutgoing, Packet, QoS,
 };
+use starling_net::BrokerAddress;
 use starling_proto::limits::MAX_MESSAGE_BYTES;
 use starling_proto::{
     Assignment, Capability, Channel, EncodeError, LinkState, NodeState, TaskEvent, Topics,
@@ -38,7 +39,7 @@ use starling_proto::{
 use tokio::sync::{mpsc, watch};
 
 use crate::artifact::{ArtifactStore, OpenStoreError};
-use crate::config::{AgentConfig, BrokerAddress, ConfigError};
+use crate::config::{AgentConfig, ConfigError};
 use crate::journal::{Journal, JournalError, JournalLimits};
 use crate::probe::{add_opencl, probe, probe_opencl, ProbeError};
 use crate::runner::Runner;
@@ -197,7 +198,7 @@ pub async fn run(
     shutdown: impl Future<Output = ()> + Send,
 ) -> Result<(), AgentError> {
     config.validate()?;
-    let address = BrokerAddress::parse(&config.broker)?;
+    let address = BrokerAddress::parse(&config.broker).map_err(ConfigError::from)?;
     let node_id = config.resolved_node_id()?;
     let topics = Topics::new(&config.topic_prefix).map_err(ConfigError::from)?;
     let verifier = verifier(&config, &node_id)?;
@@ -243,7 +244,7 @@ pub async fn run(
             QoS::AtLeastOnce,
             true,
         ));
-    crate::tls::configure_mqtt(&mut options, &address, &config).map_err(ConfigError::from)?;
+    configure_mqtt(&mut options, &address, &config).map_err(ConfigError::from)?;
     let (client, mut eventloop) = AsyncClient::new(options, 256);
 
     let connect_started = Instant::now();
@@ -721,4 +722,23 @@ async fn publish(client: &AsyncClient, outgoing: Outgoing) {
     if let Err(error) = client.publish(topic.clone(), qos, retain, payload).await {
         tracing::warn!(%topic, %error, "cannot queue a publish");
     }
+}
+
+/// Applies the agent's broker security to `options`: TLS when the broker URL
+/// is `mqtts://`, and the MQTT user name and password when it has them.
+fn configure_mqtt(
+    options: &mut rumqttc::MqttOptions,
+    address: &BrokerAddress,
+    config: &AgentConfig,
+) -> Result<(), starling_net::TlsError> {
+    if address.tls {
+        options.set_transport(starling_net::tls::transport(&config.mqtt_tls)?);
+    }
+    if let Some(username) = &config.mqtt_username {
+        options.set_credentials(
+            username.clone(),
+            config.mqtt_password.clone().unwrap_or_default(),
+        );
+    }
+    Ok(())
 }

@@ -125,7 +125,7 @@ impl ArtifactStore {
             path: directory.clone(),
             source,
         })?;
-        let http = crate::tls::http_client(ca_file)
+        let http = starling_net::tls::http_client(ca_file)
             .map_err(|e| OpenStoreError::Client(e.to_string()))?
             .connect_timeout(Duration::from_secs(10))
             .timeout(Duration::from_secs(120))

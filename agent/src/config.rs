@@ -8,6 +8,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use serde::Deserialize;
+use starling_net::{BrokerAddress, MqttTlsFiles};
 use starling_proto::limits::{MAX_LABELS, NODE_ID_LEN};
 use starling_proto::{Grants, Label, NodeId};
 
@@ -82,17 +83,6 @@ pub struct AgentConfig {
     /// Publisher keys (ed25519) this node trusts. When any is set, a task runs
     /// only if its artifact carries a valid signature by one of them.
     pub trusted_publishers: Vec<[u8; 32]>,
-}
-
-/// PEM files for an `mqtts://` broker connection.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct MqttTlsFiles {
-    /// CA certificates to trust for the broker; the system roots when absent.
-    pub ca_file: Option<PathBuf>,
-    /// A client certificate chain, for brokers that require one.
-    pub client_cert: Option<PathBuf>,
-    /// The client certificate's private key (PKCS#8, PKCS#1 or SEC1).
-    pub client_key: Option<PathBuf>,
 }
 
 impl Default for AgentConfig {
@@ -170,13 +160,8 @@ pub enum ConfigError {
         text: String,
     },
     /// The broker URL is malformed.
-    #[error("invalid broker URL {url:?}: {detail}; write mqtt://host:port")]
-    Broker {
-        /// The URL as given.
-        url: String,
-        /// What was wrong.
-        detail: String,
-    },
+    #[error(transparent)]
+    Broker(#[from] starling_net::BrokerUrlError),
     /// The node id is malformed.
     #[error("invalid node id {id:?}: {source}")]
     NodeId {
@@ -207,7 +192,7 @@ pub enum ConfigError {
     Conflict(&'static str),
     /// The MQTT TLS settings could not be turned into a client configuration.
     #[error(transparent)]
-    Tls(#[from] crate::tls::TlsError),
+    Tls(#[from] starling_net::TlsError),
     /// The coordinator key is not 32 bytes of hex.
     #[error("invalid coordinator key: {detail}; give the coordinator's ed25519 public key as 64 hex digits")]
     CoordinatorKey {
@@ -662,107 +647,12 @@ pub fn parse_labels(text: &str) -> Result<Vec<Label>, ConfigError> {
     Ok(labels)
 }
 
-/// Parses `500ms`, `1s`, `1.5s`, `2m`, `1h`; a bare number means seconds.
+/// Parses `500ms`, `1s`, `1.5s`, `2m`, `1h`; a bare number means seconds
+/// (`starling_net::parse_duration`, with the agent's error).
 pub fn parse_duration(text: &str) -> Result<Duration, ConfigError> {
-    let invalid = || ConfigError::Duration {
+    starling_net::parse_duration(text).map_err(|_| ConfigError::Duration {
         text: text.to_owned(),
-    };
-    let trimmed = text.trim();
-    let split = trimmed
-        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-        .unwrap_or(trimmed.len());
-    let (number, unit) = trimmed.split_at(split);
-    let value: f64 = number.parse().map_err(|_| invalid())?;
-    let seconds = match unit.trim() {
-        "ms" => value / 1000.0,
-        "" | "s" => value,
-        "m" | "min" => value * 60.0,
-        "h" => value * 3600.0,
-        _ => return Err(invalid()),
-    };
-    Duration::try_from_secs_f64(seconds).map_err(|_| invalid())
-}
-
-/// Where the broker listens.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct BrokerAddress {
-    /// Host name or IP address.
-    pub host: String,
-    /// TCP port.
-    pub port: u16,
-    /// Whether the connection uses TLS (`mqtts://`).
-    pub tls: bool,
-}
-
-impl BrokerAddress {
-    /// Parses `mqtt://host:port`, `tcp://host:port`, `host:port` or `host`
-    /// (port 1883), and `mqtts://host:port` or `ssl://host:port` for TLS
-    /// (port 8883).
-    pub fn parse(url: &str) -> Result<Self, ConfigError> {
-        let bad = |detail: &str| ConfigError::Broker {
-            url: url.to_owned(),
-            detail: detail.to_owned(),
-        };
-        let (rest, tls) = match url.split_once("://") {
-            Some(("mqtt" | "tcp", rest)) => (rest, false),
-            Some(("mqtts" | "ssl", rest)) => (rest, true),
-            Some((scheme, _)) => {
-                return Err(bad(&format!(
-                    "scheme {scheme:?} is not supported (mqtt:// over TCP, mqtts:// over TLS)"
-                )))
-            }
-            None => (url, false),
-        };
-        let rest = rest.trim_end_matches('/');
-        if rest.contains('/') || rest.contains('@') {
-            return Err(bad("paths and credentials are not supported"));
-        }
-        let (host, port) = if let Some(bracketed) = rest.strip_prefix('[') {
-            // An IPv6 literal: [::1]:1883
-            let (host, after) = bracketed
-                .split_once(']')
-                .ok_or_else(|| bad("unclosed '[' in an IPv6 address"))?;
-            let port = match after.strip_prefix(':') {
-                Some(port) => Some(port),
-                None if after.is_empty() => None,
-                None => return Err(bad("unexpected text after the IPv6 address")),
-            };
-            (host, port)
-        } else {
-            match rest.rsplit_once(':') {
-                Some((host, port)) => (host, Some(port)),
-                None => (rest, None),
-            }
-        };
-        if host.is_empty() {
-            return Err(bad("the host is missing"));
-        }
-        let port = match port {
-            Some(port) => port
-                .parse::<u16>()
-                .map_err(|_| bad("the port must be a number from 1 to 65535"))?,
-            None if tls => 8883,
-            None => 1883,
-        };
-        if port == 0 {
-            return Err(bad("the port must be a number from 1 to 65535"));
-        }
-        Ok(Self {
-            host: host.to_owned(),
-            port,
-            tls,
-        })
-    }
-
-    /// The address as a URL (`mqtt://` or `mqtts://`), for messages and logs.
-    pub fn url(&self) -> String {
-        let scheme = if self.tls { "mqtts" } else { "mqtt" };
-        if self.host.contains(':') {
-            format!("{scheme}://[{}]:{}", self.host, self.port)
-        } else {
-            format!("{scheme}://{}:{}", self.host, self.port)
-        }
-    }
+    })
 }
 
 #[cfg(test)]
@@ -780,28 +670,6 @@ mod tests {
         assert!(parse_duration("fast").is_err());
         assert!(parse_duration("1 fortnight").is_err());
         assert!(parse_duration("").is_err());
-    }
-
-    #[test]
-    fn broker_urls_parse_and_refuse() {
-        let a = BrokerAddress::parse("mqtt://127.0.0.1:1884").unwrap();
-        assert_eq!((a.host.as_str(), a.port), ("127.0.0.1", 1884));
-        let a = BrokerAddress::parse("broker.local").unwrap();
-        assert_eq!((a.host.as_str(), a.port), ("broker.local", 1883));
-        let a = BrokerAddress::parse("tcp://[::1]:9000").unwrap();
-        assert_eq!((a.host.as_str(), a.port), ("::1", 9000));
-        assert!(!a.tls);
-        let a = BrokerAddress::parse("mqtts://broker.local").unwrap();
-        assert_eq!(
-            (a.host.as_str(), a.port, a.tls),
-            ("broker.local", 8883, true)
-        );
-        let a = BrokerAddress::parse("ssl://127.0.0.1:9883").unwrap();
-        assert_eq!((a.port, a.tls), (9883, true));
-        assert!(BrokerAddress::parse("http://x:1").is_err());
-        assert!(BrokerAddress::parse("mqtt://:1883").is_err());
-        assert!(BrokerAddress::parse("mqtt://h:99999").is_err());
-        assert!(BrokerAddress::parse("mqtt://h:0").is_err());
     }
 
     #[test]

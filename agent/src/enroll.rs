@@ -225,7 +225,7 @@ pub async fn enroll(
         url: url.clone(),
         detail,
     };
-    let client = crate::tls::http_client(ca_file)
+    let client = starling_net::tls::http_client(ca_file)
         .map_err(|e| unreachable(e.to_string()))?
         .timeout(ENROLL_TIMEOUT)
         .build()

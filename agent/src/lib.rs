@@ -19,7 +19,6 @@ pub mod probe;
 pub mod runner;
 pub mod session;
 pub mod telemetry;
-pub mod tls;
 pub mod verify;
 pub mod wasm;
 

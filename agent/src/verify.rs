@@ -101,26 +101,11 @@ pub fn verify_publisher(
     publisher: &PublisherSignature,
     digest: &Digest,
 ) -> Result<VerifyingKey, String> {
-    let key: [u8; 32] = publisher.key.as_slice().try_into().map_err(|_| {
-        format!(
-            "the key is {} bytes where an ed25519 key has 32",
-            publisher.key.len()
-        )
-    })?;
-    let key = VerifyingKey::from_bytes(&key).map_err(|_| "the key is not an ed25519 public key")?;
-    let signature = Signature::from_slice(&publisher.signature).map_err(|_| {
-        format!(
-            "{} bytes where an ed25519 signature has 64",
-            publisher.signature.len()
-        )
-    })?;
-    key.verify_strict(&digest.0, &signature).map_err(|_| {
-        format!(
-            "it does not verify over {digest} with key {}",
-            hex::encode(key.as_bytes())
-        )
-    })?;
-    Ok(key)
+    let key = publisher
+        .verify(digest)
+        .map_err(|error| error.to_string())?;
+    // The key verified a signature just now, so it is a valid point.
+    VerifyingKey::from_bytes(&key).map_err(|_| "the key is not an ed25519 public key".to_owned())
 }
 
 /// The checks an agent applies to every new assignment.

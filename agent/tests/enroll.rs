@@ -22,9 +22,9 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use rumqttc::{AsyncClient, Event, MqttOptions, Packet, QoS};
-use starling_agent::config::{BrokerAddress, MqttTlsFiles};
 use starling_agent::enroll::{self, Credentials, EnrollError, CREDENTIALS_FILE};
 use starling_agent::{AgentConfig, AgentError};
+use starling_net::{BrokerAddress, MqttTlsFiles};
 use starling_proto::{NodeState, Status};
 use tempfile::TempDir;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -454,7 +454,7 @@ async fn the_agent_connects_with_its_credentials_and_a_wrong_password_is_refused
 
 fn tls_options(id: &str, port: u16, files: &MqttTlsFiles) -> Result<MqttOptions, String> {
     let mut options = MqttOptions::new(id, "127.0.0.1", port);
-    let transport = starling_agent::tls::transport(files).map_err(|e| e.to_string())?;
+    let transport = starling_net::tls::transport(files).map_err(|e| e.to_string())?;
     options.set_transport(transport);
     Ok(options)
 }

@@ -16,9 +16,8 @@ use std::path::{Path, PathBuf};
 use std::sync::RwLock;
 
 use base64::Engine as _;
-use serde::{Deserialize, Serialize};
 use sha2::{Digest as _, Sha256, Sha512};
-use utoipa::ToSchema;
+use starling_api::NodeCredentials;
 
 use crate::access_store::NodeCredentialRow;
 use crate::store::{Store, StoreError};
@@ -38,64 +37,6 @@ const MOSQUITTO_SALT_BYTES: usize = 12;
 /// The user name of the coordinator's own MQTT connection to the embedded
 /// broker (a node may not enroll under it).
 pub const INTERNAL_MQTT_USER: &str = "starling-coordinator";
-
-/// A caller's rights over the REST API. Each role has every right of the ones
-/// below it: viewer < developer < operator < admin.
-#[derive(
-    Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize, ToSchema,
-)]
-#[serde(rename_all = "lowercase")]
-pub enum Role {
-    /// Reads nodes, tasks, artifacts' metadata and metrics.
-    Viewer,
-    /// Also uploads artifacts, submits and cancels tasks.
-    Developer,
-    /// Also creates join tokens and revokes nodes.
-    Operator,
-    /// Also creates, lists and revokes API tokens.
-    Admin,
-}
-
-impl Role {
-    /// Every role, lowest first.
-    pub const ALL: [Role; 4] = [Role::Viewer, Role::Developer, Role::Operator, Role::Admin];
-
-    /// The role's name as the API and the CLI write it.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Role::Viewer => "viewer",
-            Role::Developer => "developer",
-            Role::Operator => "operator",
-            Role::Admin => "admin",
-        }
-    }
-
-    /// Whether a caller with this role may do what `needed` allows.
-    pub fn allows(self, needed: Role) -> bool {
-        self >= needed
-    }
-}
-
-impl std::fmt::Display for Role {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-/// A role name that is not one of the four.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("unknown role {0:?}; use viewer, developer, operator or admin")]
-pub struct UnknownRole(pub String);
-
-impl std::str::FromStr for Role {
-    type Err = UnknownRole;
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        Role::ALL
-            .into_iter()
-            .find(|role| role.as_str() == s)
-            .ok_or_else(|| UnknownRole(s.to_string()))
-    }
-}
 
 /// Why an access operation failed.
 #[derive(Debug, thiserror::Error)]
@@ -170,22 +111,6 @@ pub fn mosquitto_hash(password: &str) -> Result<String, AccessError> {
     let mut salt = [0u8; MOSQUITTO_SALT_BYTES];
     getrandom::fill(&mut salt).map_err(|error| AccessError::Random(error.to_string()))?;
     Ok(mosquitto_hash_with_salt(password, &salt))
-}
-
-/// A node's MQTT credentials, as enrollment hands them out (once).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
-pub struct NodeCredentials {
-    /// The node's id.
-    pub node_id: String,
-    /// Its MQTT user name (the node id).
-    pub mqtt_username: String,
-    /// Its MQTT password; shown only here, stored hashed.
-    pub mqtt_password: String,
-    /// The coordinator's ed25519 public key (64 hex digits): the node pins it
-    /// and verifies every assignment's signature against it.
-    pub coordinator_key: String,
-    /// The MQTT topic prefix (`starling/v1`).
-    pub topic_prefix: String,
 }
 
 /// The hashes stored for a new MQTT password.
@@ -482,6 +407,8 @@ pub(crate) fn ingest_allows(shared: &crate::Shared, node_id: &str) -> bool {
 #[cfg(test)]
 #[allow(clippy::unwrap_used, clippy::expect_used)]
 mod tests {
+    use starling_api::Role;
+
     use super::*;
 
     #[test]

@@ -5,8 +5,8 @@
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
-use crate::access::Role;
 use crate::store::{with_pool, Backend, Store, StoreError};
+use starling_api::Role;
 
 fn to_db(value: u64) -> i64 {
     i64::try_from(value).unwrap_or(i64::MAX)
@@ -73,7 +73,7 @@ fn api_token_record(row: ApiTokenRow) -> Result<ApiTokenRecord, StoreError> {
         name,
         role: role
             .parse()
-            .map_err(|error: crate::access::UnknownRole| StoreError::Corrupt {
+            .map_err(|error: starling_api::UnknownRole| StoreError::Corrupt {
                 column: "api_tokens.role",
                 detail: error.to_string(),
             })?,

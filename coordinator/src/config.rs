@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use serde::Deserialize;
-pub use starling_agent::config::MqttTlsFiles;
+use starling_net::MqttTlsFiles;
 
 /// The REST API's default listen address.
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:7878";

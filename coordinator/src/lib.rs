@@ -7,40 +7,33 @@
 //! [`Running`] handle; the `starling-coordinator serve` binary is a thin
 //! wrapper around it.
 //!
-//! Map: `registry` (node state machine, no I/O) and `store` (sqlx, one query
-//! text for SQLite and PostgreSQL) hold the state; `ingest` (MQTT in) and
-//! `scheduler` (placement, MQTT out) change it; `api` serves it over HTTP;
-//! `broker` runs the embedded rumqttd; `client`, `cli` and `manifest` make the
-//! `starling` command line. Only `ingest`, `scheduler`, `api` and `broker`
-//! touch MQTT or HTTP on the server side; the placement engine stays pure and
-//! sees only the snapshot `scheduler` builds.
+//! Map (ARCHITECTURE.md has the long form): `domain` holds the rules as pure
+//! functions; `store` (sqlx, one query text for SQLite and PostgreSQL) and
+//! `registry` (node state, no I/O) hold the state; `mqtt` (broker, ingest,
+//! publish) and `http` (the REST API) are the only modules that know MQTT and
+//! HTTP; `loops` (scheduler, outbox, liveness, cluster view) run in the
+//! background; `federation` gossips with other sites. The REST types are
+//! `starling_api`'s; the `starling` CLI is its own crate (`starling-cli`).
 
 pub mod access;
 pub mod access_store;
-pub mod api;
-pub mod broker;
-pub mod cli;
-pub mod client;
 pub mod config;
+pub mod domain;
 pub mod federation;
-pub mod ingest;
-pub mod liveness;
-pub mod manifest;
+pub mod http;
+pub mod loops;
 pub mod models;
-pub mod outbox;
-pub mod publisher;
+pub mod mqtt;
 pub mod registry;
-pub mod scheduler;
 pub mod server_tls;
 pub mod signing;
 pub mod simulate;
 pub mod store;
 pub mod task;
 pub mod train;
-pub mod up;
 
 use std::net::SocketAddr;
-use std::sync::{Arc, RwLock};
+use std::sync::Arc;
 use std::time::Duration;
 
 use rumqttc::{AsyncClient, Event, EventLoop, MqttOptions, Packet};
@@ -50,8 +43,9 @@ use tokio::task::JoinHandle;
 pub use config::{CoordinatorConfig, ServeArgs};
 pub use store::Store;
 
-use broker::{BrokerAddress, MAX_PACKET_BYTES};
-use registry::Registry;
+use mqtt::broker::{self as broker, MAX_PACKET_BYTES};
+use registry::{NodeRegistry, Registry};
+use starling_net::BrokerAddress;
 
 /// How long the coordinator waits for the broker to accept its connection.
 const BROKER_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
@@ -74,10 +68,10 @@ pub enum StartError {
     Broker(#[from] broker::StartBrokerError),
     /// The external broker URL is malformed.
     #[error(transparent)]
-    BrokerUrl(#[from] starling_agent::config::ConfigError),
+    BrokerUrl(#[from] starling_net::BrokerUrlError),
     /// The TLS settings for an `mqtts://` broker are unusable.
     #[error(transparent)]
-    BrokerTls(#[from] starling_agent::tls::TlsError),
+    BrokerTls(#[from] starling_net::TlsError),
     /// The REST API's certificate or key is unusable.
     #[error("{0}; pass PEM files to --tls-cert and --tls-key")]
     RestTls(#[from] server_tls::ServerTlsError),
@@ -150,7 +144,7 @@ pub enum StartError {
 /// State shared by the ingest loop, the scheduler and the REST handlers.
 pub(crate) struct Shared {
     pub(crate) store: Store,
-    pub(crate) registry: RwLock<Registry>,
+    pub(crate) registry: Arc<NodeRegistry>,
     pub(crate) topics: starling_proto::Topics,
     pub(crate) mqtt: AsyncClient,
     pub(crate) public_url: String,
@@ -168,12 +162,12 @@ pub(crate) struct Shared {
     pub(crate) mqtt_access: Arc<access::MqttAccess>,
     /// The external Mosquitto's password file and ACL, when configured.
     pub(crate) mosquitto: Option<access::MosquittoFiles>,
-    pub(crate) wake_scheduler: Notify,
+    pub(crate) wake_scheduler: Arc<Notify>,
     /// Since when (Unix ms) the coordinator's own broker connection is up; 0
     /// while it is down. Silence heard through a dead connection says nothing
     /// about the nodes, so failure detection waits for it (see `liveness`).
-    pub(crate) broker_up_since_ms: std::sync::atomic::AtomicU64,
-    pub(crate) counters: Counters,
+    pub(crate) broker_up_since_ms: Arc<std::sync::atomic::AtomicU64>,
+    pub(crate) counters: Arc<Counters>,
     /// Membership of a federation of sites, when `--site` is set.
     pub(crate) federation: Option<Arc<federation::Federation>>,
 }
@@ -202,12 +196,9 @@ impl Counters {
 }
 
 impl Shared {
-    /// Reads the registry; a poisoned lock (a panic while writing) still holds
-    /// a consistent map because every write is a single insert or field update.
+    /// Reads the registry (see [`NodeRegistry::read`]).
     pub(crate) fn registry(&self) -> std::sync::RwLockReadGuard<'_, Registry> {
-        self.registry
-            .read()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
+        self.registry.read()
     }
 
     /// The coordinator's public key (ed25519, 64 hex digits): what agents pin
@@ -216,11 +207,9 @@ impl Shared {
         self.signer.public_key_hex()
     }
 
-    /// Writes the registry (see [`Shared::registry`] on poisoning).
+    /// Writes the registry (see [`NodeRegistry::read`] on poisoning).
     pub(crate) fn registry_mut(&self) -> std::sync::RwLockWriteGuard<'_, Registry> {
-        self.registry
-            .write()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
+        self.registry.write()
     }
 }
 
@@ -286,7 +275,7 @@ impl Running {
     pub async fn mint_node_credentials(
         &self,
         node_id: &str,
-    ) -> Result<access::NodeCredentials, access::AccessError> {
+    ) -> Result<starling_api::NodeCredentials, access::AccessError> {
         access::mint_credentials(&self.shared, node_id).await
     }
 
@@ -366,7 +355,7 @@ async fn serve_https(
 /// Connects the coordinator's MQTT client and waits for the broker's ConnAck.
 async fn connect_mqtt(
     address: &BrokerAddress,
-    tls: &config::MqttTlsFiles,
+    tls: &starling_net::MqttTlsFiles,
     login: Option<(&str, &str)>,
 ) -> Result<(AsyncClient, EventLoop), StartError> {
     let client_id = format!("starling-coordinator-{}", uuid::Uuid::now_v7().simple());
@@ -376,7 +365,7 @@ async fn connect_mqtt(
         .set_clean_session(true)
         .set_max_packet_size(MAX_PACKET_BYTES, MAX_PACKET_BYTES);
     if address.tls {
-        options.set_transport(starling_agent::tls::transport(tls)?);
+        options.set_transport(starling_net::tls::transport(tls)?);
     }
     if let Some((username, password)) = login {
         options.set_credentials(username, password);
@@ -567,7 +556,7 @@ pub async fn start(config: CoordinatorConfig) -> Result<Running, StartError> {
 
     let shared = Arc::new(Shared {
         store,
-        registry: RwLock::new(Registry::new()),
+        registry: Arc::new(NodeRegistry::new()),
         topics,
         mqtt,
         public_url: public_url.clone(),
@@ -580,30 +569,44 @@ pub async fn start(config: CoordinatorConfig) -> Result<Running, StartError> {
         api_token: config.api_token.clone(),
         mqtt_access,
         mosquitto,
-        wake_scheduler: Notify::new(),
-        broker_up_since_ms: std::sync::atomic::AtomicU64::new(task::unix_now_ms()),
-        counters: Counters::default(),
+        wake_scheduler: Arc::new(Notify::new()),
+        broker_up_since_ms: Arc::new(std::sync::atomic::AtomicU64::new(task::unix_now_ms())),
+        counters: Arc::new(Counters::default()),
         federation: federation.clone(),
     });
     let (stop, stop_rx) = watch::channel(false);
     let (messages_tx, messages_rx) = tokio::sync::mpsc::channel(1024);
 
     let mut tasks = vec![
-        tokio::spawn(ingest::run_mqtt_loop(
+        tokio::spawn(mqtt::ingest::run_mqtt_loop(
             eventloop,
             shared.clone(),
             messages_tx,
             stop_rx.clone(),
         )),
-        tokio::spawn(ingest::run_message_handler(shared.clone(), messages_rx)),
-        tokio::spawn(scheduler::run(
+        tokio::spawn(mqtt::ingest::run_message_handler(
+            shared.clone(),
+            messages_rx,
+        )),
+        tokio::spawn(loops::scheduler::run(
             shared.clone(),
             policy,
             config.schedule_interval,
             stop_rx.clone(),
         )),
-        tokio::spawn(outbox::run(shared.clone(), stop_rx.clone())),
-        tokio::spawn(liveness::run(shared.clone(), stop_rx.clone())),
+        tokio::spawn(loops::outbox::run(shared.clone(), stop_rx.clone())),
+        tokio::spawn(loops::liveness::run(
+            loops::liveness::Liveness {
+                registry: shared.registry.clone(),
+                store: shared.store.clone(),
+                broker_up_since_ms: shared.broker_up_since_ms.clone(),
+                counters: shared.counters.clone(),
+                wake_scheduler: shared.wake_scheduler.clone(),
+                node_timeout_ms: shared.node_timeout_ms,
+                max_attempts: shared.max_attempts,
+            },
+            stop_rx.clone(),
+        )),
     ];
     if let Some(federation) = federation {
         tasks.extend(federation::spawn(
@@ -612,7 +615,7 @@ pub async fn start(config: CoordinatorConfig) -> Result<Running, StartError> {
             stop_rx.clone(),
         ));
     }
-    let router = api::router(shared.clone());
+    let router = http::router(shared.clone());
     let mut http_stop = stop_rx;
     tasks.push(tokio::spawn(async move {
         let shutdown = async move {
@@ -632,7 +635,7 @@ pub async fn start(config: CoordinatorConfig) -> Result<Running, StartError> {
     }));
     // Subscriptions are made by the MQTT loop on each ConnAck; the first one
     // was consumed above, so subscribe now for it.
-    ingest::subscribe(&shared);
+    mqtt::ingest::subscribe(&shared);
 
     tracing::info!(
         rest = %rest_addr,

@@ -241,6 +241,33 @@ impl Registry {
     }
 }
 
+/// The registry shared by the parts that read and change it (ingest,
+/// liveness, the scheduler's view, REST): a lock around [`Registry`].
+#[derive(Debug, Default)]
+pub struct NodeRegistry(std::sync::RwLock<Registry>);
+
+impl NodeRegistry {
+    /// An empty registry.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Reads the registry; a poisoned lock (a panic while writing) still holds
+    /// a consistent map because every write is a single insert or field update.
+    pub fn read(&self) -> std::sync::RwLockReadGuard<'_, Registry> {
+        self.0
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Writes the registry (see [`NodeRegistry::read`] on poisoning).
+    pub fn write(&self) -> std::sync::RwLockWriteGuard<'_, Registry> {
+        self.0
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+}
+
 #[cfg(test)]
 #[allow(clippy::unwrap_used, clippy::expect_used)]
 pub(crate) mod tests {

@@ -13,7 +13,8 @@ use std::time::{Duration, Instant};
 use reqwest::StatusCode;
 use rumqttc::{AsyncClient, Event, EventLoop, MqttOptions, Packet, QoS};
 use serde_json::{json, Value};
-use starling_coordinator::access::{self, MosquittoFiles, Role};
+use starling_api::Role;
+use starling_coordinator::access::{self, MosquittoFiles};
 use starling_coordinator::Running;
 
 const BOOTSTRAP: &str = "bootstrap-admin-secret";
@@ -913,7 +914,7 @@ async fn mosquitto_runs_on_the_files_the_coordinator_writes() {
 #[tokio::test]
 async fn the_cli_manages_tokens_and_says_why_it_was_refused() {
     use clap::Parser as _;
-    use starling_coordinator::cli::{run, Cli, EXIT_OK, EXIT_USAGE};
+    use starling_cli::{run, Cli, EXIT_OK, EXIT_USAGE};
     let dir = tempfile::tempdir().unwrap();
     let running = start(dir.path(), |_| {}).await;
     let rest = running.rest_url();

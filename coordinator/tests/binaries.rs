@@ -9,7 +9,11 @@ use std::process::{Command, Stdio};
 use std::time::Duration;
 
 const COORDINATOR: &str = env!("CARGO_BIN_EXE_starling-coordinator");
-const CLI: &str = env!("CARGO_BIN_EXE_starling");
+/// The `starling` CLI is built by its own crate (`starling-cli`); the shared
+/// harness builds the workspace's binaries once and finds it.
+fn cli_binary() -> std::path::PathBuf {
+    starling_tests::binary("starling")
+}
 
 fn serve(dir: &std::path::Path, extra: &[&str]) -> Command {
     let mut command = Command::new(COORDINATOR);
@@ -75,7 +79,7 @@ fn serve_prints_the_ready_line_and_serves() {
     let mqtt = fields[3].strip_prefix("mqtt=mqtt://127.0.0.1:").unwrap();
     assert_ne!(rest.parse::<u16>().unwrap(), 0);
     assert_ne!(mqtt.parse::<u16>().unwrap(), 0);
-    let output = Command::new(CLI)
+    let output = Command::new(cli_binary())
         .args([
             "--coordinator",
             &format!("http://127.0.0.1:{rest}"),
@@ -252,7 +256,7 @@ fn sim_compares_federation_on_and_off_and_refuses_settings_it_cannot_use() {
 
 #[test]
 fn the_cli_explains_itself_and_reports_an_unreachable_coordinator() {
-    let help = Command::new(CLI).arg("--help").output().unwrap();
+    let help = Command::new(cli_binary()).arg("--help").output().unwrap();
     assert!(help.status.success());
     let help = String::from_utf8_lossy(&help.stdout);
     assert!(
@@ -260,11 +264,11 @@ fn the_cli_explains_itself_and_reports_an_unreachable_coordinator() {
         "{help}"
     );
 
-    let usage = Command::new(CLI).arg("frobnicate").output().unwrap();
+    let usage = Command::new(cli_binary()).arg("frobnicate").output().unwrap();
     assert_eq!(usage.status.code(), Some(2));
 
     let port = common::free_port();
-    let output = Command::new(CLI)
+    let output = Command::new(cli_binary())
         .args([
             "--coordinator",
             &format!("http://127.0.0.1:{port}"),
@@ -279,7 +283,7 @@ fn the_cli_explains_itself_and_reports_an_unreachable_coordinator() {
 
 async fn cli(rest: &str, args: &[&str], stdin: &[u8]) -> std::process::Output {
     use tokio::io::AsyncWriteExt;
-    let mut child = tokio::process::Command::new(CLI)
+    let mut child = tokio::process::Command::new(cli_binary())
         .arg("--coordinator")
         .arg(rest)
         .args(args)

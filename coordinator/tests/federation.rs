@@ -10,7 +10,7 @@ use serde_json::{json, Value};
 use starling_coordinator::config::FederationConfig;
 use starling_coordinator::federation::forward_store::{RemoteResult, TakenBack};
 use starling_coordinator::federation::ClusterKey;
-use starling_coordinator::task::TaskStatus;
+use starling_api::TaskStatus;
 
 fn federation(key: &str) -> FederationConfig {
     FederationConfig {

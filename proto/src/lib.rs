@@ -36,6 +36,8 @@ pub use task::{
     Assignment, Cancel, EventAck, ExecLimits, ExecMetrics, FailureReason, Grants,
     PublisherSignature, TaskEvent, TaskState,
 };
+#[cfg(feature = "ed25519")]
+pub use task::{KeyHex, PublisherSignatureError};
 pub use telemetry::{LinkState, Telemetry};
 pub use topic::{Channel, TopicError, Topics};
 

@@ -56,6 +56,67 @@ pub struct PublisherSignature {
     pub signature: Vec<u8>,
 }
 
+/// Why a publisher signature does not verify.
+#[cfg(feature = "ed25519")]
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PublisherSignatureError {
+    /// The key is not 32 bytes long.
+    #[error("the key is {0} bytes where an ed25519 key has 32")]
+    KeyLength(usize),
+    /// 32 bytes that are not a point of the curve.
+    #[error("the key is not an ed25519 public key")]
+    NotAKey,
+    /// The signature is not 64 bytes long.
+    #[error("{0} bytes where an ed25519 signature has 64")]
+    SignatureLength(usize),
+    /// A well-formed signature by another key or over other bytes.
+    #[error("it does not verify over {digest} with key {key}")]
+    Mismatch {
+        /// The digest it was checked over, hex.
+        digest: Digest,
+        /// The key it was checked with, hex.
+        key: KeyHex,
+    },
+}
+
+/// An ed25519 public key written as 64 hex digits.
+#[cfg(feature = "ed25519")]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct KeyHex(pub [u8; 32]);
+
+#[cfg(feature = "ed25519")]
+impl core::fmt::Display for KeyHex {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        self.0.iter().try_for_each(|byte| write!(f, "{byte:02x}"))
+    }
+}
+
+#[cfg(feature = "ed25519")]
+impl PublisherSignature {
+    /// Checks the signature over `digest` (ed25519 `verify_strict`) and
+    /// returns the publisher's key. The coordinator checks a signature with
+    /// this before it stores it, the agent before it runs the artifact.
+    pub fn verify(&self, digest: &Digest) -> Result<[u8; 32], PublisherSignatureError> {
+        use ed25519_dalek::{Signature, VerifyingKey};
+        let key: [u8; 32] = self
+            .key
+            .as_slice()
+            .try_into()
+            .map_err(|_| PublisherSignatureError::KeyLength(self.key.len()))?;
+        let verifying =
+            VerifyingKey::from_bytes(&key).map_err(|_| PublisherSignatureError::NotAKey)?;
+        let signature = Signature::from_slice(&self.signature)
+            .map_err(|_| PublisherSignatureError::SignatureLength(self.signature.len()))?;
+        verifying
+            .verify_strict(&digest.0, &signature)
+            .map_err(|_| PublisherSignatureError::Mismatch {
+                digest: *digest,
+                key: KeyHex(key),
+            })?;
+        Ok(key)
+    }
+}
+
 /// An instruction to run one attempt of a task, signed by the coordinator.
 ///
 /// The signature covers every other field (see [`Assignment::signed_bytes`]),

@@ -11,7 +11,7 @@ use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use starling_coordinator::manifest::Manifest;
+use starling_cli::manifest::Manifest;
 use starling_opencl::exec::{self, RunRequest};
 use starling_opencl::worker::{WorkerClient, WORKER_BIN};
 use starling_tests::{

@@ -19,11 +19,11 @@ use reqwest::StatusCode;
 use tokio::sync::watch;
 
 use super::forward_store::{OpenForward, RemoteResult, TakenBack};
-use super::wire::{ForwardAccepted, ForwardRequest, ForwardStatus};
 use super::Federation;
 use crate::store::{StoreError, TaskRecord};
 use crate::task::unix_now_ms;
 use crate::Shared;
+use starling_api::{ForwardAccepted, ForwardRequest, ForwardStatus};
 
 /// How often open forwards are looked at when nothing wakes the loop.
 const POLL_INTERVAL: Duration = Duration::from_millis(500);

@@ -5,9 +5,8 @@
 //!
 //! Map: `key` (the cluster key: sealed datagrams, the peer token), `gossip`
 //! (foca's SWIM over UDP: membership, failure detection, digests), `sites`
-//! (the federation as seen from here, no I/O), `wire` (the REST bodies),
-//! `forward` (the home side: send, follow, take back), `forward_store` (its
-//! SQL), `rest` (the peer side and `GET /api/v1/sites`), `member` (a
+//! (the federation as seen from here, no I/O), `forward` (the home side:
+//! send, follow, take back), `forward_store` (its SQL), `member` (a
 //! gossip-only process for benchmarks). The decision to forward is the
 //! placement engine's (`starling_placement::federation::route`), called by the
 //! scheduler with the peers' digests.
@@ -17,9 +16,7 @@ pub mod forward_store;
 pub mod gossip;
 pub mod key;
 pub mod member;
-pub(crate) mod rest;
 pub mod sites;
-pub mod wire;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -32,7 +29,7 @@ use tokio::task::JoinHandle;
 
 pub use gossip::{Gossip, GossipConfig, GossipError, GossipEvent};
 pub use key::ClusterKey;
-pub use sites::{SiteEntry, SiteState};
+pub use starling_api::{SiteEntry, SiteState};
 
 use crate::config::FederationConfig;
 use crate::Shared;
@@ -97,7 +94,7 @@ impl Federation {
             key.clone(),
         )
         .await?;
-        let http = starling_agent::tls::http_client(None)
+        let http = starling_net::tls::http_client(None)
             .map_err(|error| FederationError::Http(error.to_string()))?
             .timeout(Duration::from_secs(5))
             .connect_timeout(Duration::from_secs(2))
@@ -159,10 +156,10 @@ async fn digest(
 ) -> Result<SiteDigest, String> {
     let pending = shared
         .store
-        .pending_tasks(crate::scheduler::QUEUE_WINDOW)
+        .pending_tasks(crate::loops::cluster_view::QUEUE_WINDOW)
         .await
         .map_err(|error| error.to_string())?;
-    let snapshot = crate::scheduler::snapshot(shared, pending)
+    let snapshot = crate::loops::cluster_view::snapshot(shared, pending)
         .await
         .map_err(|error| error.to_string())?;
     let artifacts: Vec<starling_proto::Digest> = shared

@@ -7,45 +7,8 @@ use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::time::Instant;
 
-use serde::{Deserialize, Serialize};
+use starling_api::{SiteEntry, SiteState};
 use starling_proto::SiteDigest;
-
-/// What the failure detector says of a site.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
-#[serde(rename_all = "lowercase")]
-pub enum SiteState {
-    /// This coordinator.
-    #[serde(rename = "self")]
-    Myself,
-    /// Answering probes.
-    Alive,
-    /// Missed probes; not yet declared down.
-    Suspect,
-    /// Declared down (or left); no work goes there.
-    Down,
-}
-
-/// One site, for `GET /api/v1/sites` and `starling sites`.
-#[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
-pub struct SiteEntry {
-    /// The site's name.
-    pub site: String,
-    /// Its state.
-    pub state: SiteState,
-    /// Where it gossips.
-    pub gossip_addr: Option<String>,
-    /// Its REST API, from its digest.
-    pub api_url: Option<String>,
-    /// Milliseconds since its newest digest arrived (since it was published, for this site).
-    pub digest_age_ms: Option<u64>,
-    /// Milliseconds since its state last changed.
-    pub state_age_ms: u64,
-    /// Measured round trip to its REST API, milliseconds.
-    pub rtt_ms: Option<f64>,
-    /// Its newest digest.
-    #[schema(value_type = Object)]
-    pub digest: Option<SiteDigest>,
-}
 
 #[derive(Debug, Clone)]
 struct Site {
@@ -71,18 +34,6 @@ pub struct Peer {
     pub digest: SiteDigest,
     /// Measured round trip to its REST API, when measured.
     pub rtt_ms: Option<f64>,
-}
-
-impl SiteState {
-    /// The state as the API writes it.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            SiteState::Myself => "self",
-            SiteState::Alive => "alive",
-            SiteState::Suspect => "suspect",
-            SiteState::Down => "down",
-        }
-    }
 }
 
 impl SiteTable {

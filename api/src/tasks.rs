@@ -1,0 +1,199 @@
+//! Task submissions and what the REST API shows of tasks, their attempts and
+//! their events.
+
+use serde::{Deserialize, Serialize};
+use utoipa::{IntoParams, ToSchema};
+
+use crate::task::{TaskDemand, TaskGrants, TaskKind, TaskLimits, TaskStatus};
+
+/// A task submission.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct SubmitTask {
+    /// The module's digest (64 hex digits), as `POST /artifacts` returned it.
+    pub artifact: String,
+    /// Input, base64 (give this or `input_text`, not both): the task's stdin for
+    /// wasm tasks; the kernel's input buffers, concatenated, for OpenCL tasks.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub input_base64: Option<String>,
+    /// Input for the task's stdin, as text.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub input_text: Option<String>,
+    /// Arguments: argv after the program name for wasm tasks; the kernel's
+    /// scalars as `name=value` for OpenCL tasks.
+    #[serde(default)]
+    pub args: Vec<String>,
+    /// Deadline in milliseconds from now.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub deadline_ms: Option<u64>,
+    /// Priority, higher first (0..=255, default 0).
+    #[serde(default)]
+    pub priority: u8,
+    /// Dominant resource: `cpu` (default), `gpu` or `io`.
+    #[serde(default)]
+    pub class: TaskKind,
+    /// Resources the task needs.
+    #[serde(default)]
+    pub demand: TaskDemand,
+    /// Limits enforced on each attempt.
+    #[serde(default)]
+    pub limits: TaskLimits,
+    /// Estimated work, in seconds on one reference core (default 1).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub work_seconds: Option<f64>,
+    /// What a wasm task may use: `{"clock": true, "random": true}`; nothing
+    /// when absent. Given here, it replaces `limits.grants`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub grants: Option<TaskGrants>,
+}
+
+/// A task in a list.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct TaskSummary {
+    /// The task's id.
+    pub id: String,
+    /// Its state.
+    pub state: TaskStatus,
+    /// Its module's digest.
+    pub artifact: String,
+    /// The node of its current or last attempt.
+    pub node_id: Option<String>,
+    /// Its current attempt (0 before the first).
+    pub attempt: u32,
+    /// Its priority.
+    pub priority: u8,
+    /// When it was submitted, Unix milliseconds.
+    pub created_ms: u64,
+    /// When it last changed, Unix milliseconds.
+    pub updated_ms: u64,
+    /// Failure code, for failed tasks.
+    pub reason: Option<String>,
+    /// The site its current attempt was forwarded to; absent when it runs here.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub site: Option<String>,
+}
+
+/// The task list.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct TaskList {
+    /// Tasks, newest first.
+    pub tasks: Vec<TaskSummary>,
+}
+
+/// One task in full.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct TaskDetail {
+    /// The task's id.
+    pub id: String,
+    /// Its state.
+    pub state: TaskStatus,
+    /// Its module's digest.
+    pub artifact: String,
+    /// The runtime.
+    pub runtime: String,
+    /// Arguments.
+    pub args: Vec<String>,
+    /// Dominant resource.
+    pub class: TaskKind,
+    /// Resources it needs.
+    pub demand: TaskDemand,
+    /// Limits enforced.
+    pub limits: TaskLimits,
+    /// Estimated work, seconds on one reference core.
+    pub work_seconds: f64,
+    /// Priority.
+    pub priority: u8,
+    /// Absolute deadline, Unix milliseconds.
+    pub deadline_unix_ms: Option<u64>,
+    /// Input size in bytes.
+    pub input_bytes: u64,
+    /// When it was submitted, Unix milliseconds.
+    pub created_ms: u64,
+    /// When it last changed, Unix milliseconds.
+    pub updated_ms: u64,
+    /// The node of its current or last attempt.
+    pub node_id: Option<String>,
+    /// The site its current attempt was forwarded to; absent when it runs here.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub site: Option<String>,
+    /// The node at that site that ran it, as the site reported.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub site_node: Option<String>,
+    /// For a task another site forwarded here: that site.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub origin_site: Option<String>,
+    /// Its current attempt (0 before the first).
+    pub attempt: u32,
+    /// The power level chosen for the current attempt.
+    pub power_level: Option<u8>,
+    /// Output of a successful run, base64.
+    pub output_base64: Option<String>,
+    /// Output of a successful run, when it is UTF-8.
+    pub output_text: Option<String>,
+    /// The module's exit code, when it exited.
+    pub exit_code: Option<i32>,
+    /// Failure code (`timeout`, `trap`, `node_lost`, ...).
+    pub reason: Option<String>,
+    /// Failure message for people.
+    pub message: Option<String>,
+    /// Whether a cancel was requested.
+    pub cancel_requested: bool,
+    /// The latest placement decision's explanation.
+    #[schema(value_type = Option<Object>)]
+    pub explanation: Option<serde_json::Value>,
+    /// Attempts, first first.
+    pub attempts: Vec<AttemptRecord>,
+    /// Events received from agents, oldest first.
+    pub events: Vec<EventRecord>,
+}
+
+/// Filters for the task list.
+#[derive(Debug, Clone, Default, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct TaskListQuery {
+    /// Only tasks in this state (`pending`, `assigned`, `running`, `succeeded`, `failed`, `cancelled`).
+    pub state: Option<String>,
+    /// Most tasks returned (default 50, at most 1000).
+    pub limit: Option<u32>,
+}
+
+/// One stored task event.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct EventRecord {
+    /// Attempt number.
+    pub attempt: u32,
+    /// Event state (`accepted`, `running`, `succeeded`, `failed`, `cancelled`, `rejected` when the
+    /// agent refused the assignment, or `lost` when the node vanished).
+    pub state: String,
+    /// The node that sent it.
+    pub node_id: String,
+    /// When the coordinator received it, Unix milliseconds.
+    pub received_ms: u64,
+    /// Failure code.
+    pub reason: Option<String>,
+    /// Failure message.
+    pub message: Option<String>,
+    /// Exit code.
+    pub exit_code: Option<i32>,
+    /// Size of the output carried.
+    pub output_bytes: u64,
+    /// Execution measurements, as the agent sent them.
+    #[schema(value_type = Option<Object>)]
+    pub metrics: Option<serde_json::Value>,
+}
+
+/// One attempt of a task.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct AttemptRecord {
+    /// Attempt number, from 1.
+    pub attempt: u32,
+    /// The node it was sent to.
+    pub node_id: String,
+    /// The power level chosen.
+    pub power_level: u8,
+    /// When it was assigned, Unix milliseconds.
+    pub assigned_ms: u64,
+    /// Its state (`assigned`, `running`, `succeeded`, `failed`, `cancelled`, `lost`).
+    pub state: String,
+    /// When it ended, Unix milliseconds.
+    pub finished_ms: Option<u64>,
+}

@@ -1,0 +1,170 @@
+//! Failure detection's bookkeeping, without I/O: which nodes' work goes back
+//! to the queue after one check. The loop (`loops::liveness`) reads the
+//! registry and the store, calls [`Detector::check`], and requeues what it
+//! answers.
+
+use std::collections::HashMap;
+
+/// What one check sees.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Observation {
+    /// Now, Unix ms.
+    pub now_ms: u64,
+    /// Silence after which a node is suspected, ms.
+    pub timeout_ms: u64,
+    /// Since when the coordinator's own broker connection is up; `None`
+    /// while it is down (then every node looks silent, through no fault of
+    /// theirs).
+    pub listening_since_ms: Option<u64>,
+    /// Nodes the registry just marked offline for silence.
+    pub newly_silent: Vec<String>,
+    /// Nodes with work in flight, and whether the registry shows each online.
+    pub in_flight: Vec<(String, bool)>,
+}
+
+/// What the detector remembers between checks.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct Detector {
+    /// Nodes with work in flight that the registry does not show online, and
+    /// since when (Unix ms) the detector has seen them so.
+    absent_since: HashMap<String, u64>,
+}
+
+impl Detector {
+    /// One check: the nodes whose in-flight work must be requeued now, each
+    /// once: every node just found silent, and every node with work in
+    /// flight that stayed away (not online) for the node timeout, counted
+    /// from when it was first noticed or from the broker reconnection,
+    /// whichever is later.
+    pub fn check(&mut self, observation: Observation) -> Vec<String> {
+        let Some(listening_since) = observation.listening_since_ms else {
+            // Cut off from the broker ourselves: start counting again once back.
+            self.absent_since.clear();
+            return Vec::new();
+        };
+        let mut requeue = observation.newly_silent;
+        self.absent_since
+            .retain(|node, _| observation.in_flight.iter().any(|(id, _)| id == node));
+        for (node, online) in observation.in_flight {
+            if online {
+                self.absent_since.remove(&node);
+                continue;
+            }
+            let noticed = *self
+                .absent_since
+                .entry(node.clone())
+                .or_insert(observation.now_ms);
+            let since = noticed.max(listening_since);
+            if observation.now_ms.saturating_sub(since) >= observation.timeout_ms
+                && !requeue.contains(&node)
+            {
+                requeue.push(node);
+            }
+        }
+        for node in &requeue {
+            self.absent_since.remove(node);
+        }
+        requeue
+    }
+
+    /// Whether a node is being watched as absent (for tests and logs).
+    pub fn watches(&self, node: &str) -> bool {
+        self.absent_since.contains_key(node)
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+mod tests {
+    use super::*;
+
+    const TIMEOUT: u64 = 5_000;
+
+    fn seen(
+        now_ms: u64,
+        listening: Option<u64>,
+        silent: &[&str],
+        in_flight: &[(&str, bool)],
+    ) -> Observation {
+        Observation {
+            now_ms,
+            timeout_ms: TIMEOUT,
+            listening_since_ms: listening,
+            newly_silent: silent.iter().map(|id| id.to_string()).collect(),
+            in_flight: in_flight
+                .iter()
+                .map(|(id, online)| (id.to_string(), *online))
+                .collect(),
+        }
+    }
+
+    #[test]
+    fn a_silent_node_is_requeued_at_once_and_only_once() {
+        let mut detector = Detector::default();
+        let requeue = detector.check(seen(10_000, Some(0), &["a"], &[("a", false)]));
+        assert_eq!(requeue, ["a"]);
+        assert!(!detector.watches("a"));
+    }
+
+    #[test]
+    fn an_absent_node_with_work_gets_the_timeout_to_come_back() {
+        let mut detector = Detector::default();
+        assert!(detector
+            .check(seen(1_000, Some(0), &[], &[("b", false)]))
+            .is_empty());
+        assert!(detector.watches("b"));
+        assert!(detector
+            .check(seen(5_999, Some(0), &[], &[("b", false)]))
+            .is_empty());
+        assert_eq!(
+            detector.check(seen(6_000, Some(0), &[], &[("b", false)])),
+            ["b"]
+        );
+    }
+
+    #[test]
+    fn coming_online_or_finishing_its_work_clears_the_watch() {
+        let mut detector = Detector::default();
+        detector.check(seen(1_000, Some(0), &[], &[("c", false), ("d", false)]));
+        detector.check(seen(2_000, Some(0), &[], &[("c", true)]));
+        assert!(!detector.watches("c"), "online again");
+        assert!(!detector.watches("d"), "no work in flight any more");
+        // Absent again later: the count starts anew.
+        assert!(detector
+            .check(seen(3_000, Some(0), &[], &[("c", false)]))
+            .is_empty());
+        assert!(detector
+            .check(seen(7_999, Some(0), &[], &[("c", false)]))
+            .is_empty());
+        assert_eq!(
+            detector.check(seen(8_000, Some(0), &[], &[("c", false)])),
+            ["c"]
+        );
+    }
+
+    #[test]
+    fn nothing_is_suspected_while_the_broker_link_is_down_and_silence_counts_from_reconnection() {
+        let mut detector = Detector::default();
+        detector.check(seen(1_000, Some(0), &[], &[("e", false)]));
+        assert!(detector
+            .check(seen(9_000, None, &["e"], &[("e", false)]))
+            .is_empty());
+        assert!(!detector.watches("e"), "forgotten while cut off");
+        // Back at 10 s: the node gets a full timeout from the reconnection.
+        assert!(detector
+            .check(seen(12_000, Some(10_000), &[], &[("e", false)]))
+            .is_empty());
+        assert_eq!(
+            detector.check(seen(15_000, Some(10_000), &[], &[("e", false)])),
+            ["e"]
+        );
+    }
+
+    #[test]
+    fn a_node_both_silent_and_absent_is_listed_once() {
+        let mut detector = Detector::default();
+        detector.check(seen(0, Some(0), &[], &[("f", false)]));
+        let requeue = detector.check(seen(6_000, Some(0), &["f"], &[("f", false)]));
+        assert_eq!(requeue, ["f"]);
+    }
+}

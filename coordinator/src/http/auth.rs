@@ -1,0 +1,126 @@
+//! Who is calling: the bearer token's role for the API, the peer token for
+//! the federation routes. A refused call (401, 403) is answered before its
+//! body is read, so it changes nothing.
+
+use std::sync::Arc;
+
+use axum::extract::{MatchedPath, Request, State};
+use axum::http::header;
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use starling_api::{ErrorCode, Role};
+
+use super::error::HttpError;
+use super::routes::{required_access, RouteAccess};
+use crate::access;
+use crate::Shared;
+
+pub(crate) fn unauthorized(message: &str) -> Response {
+    HttpError::new(ErrorCode::Unauthorized, message).into_response()
+}
+
+/// The role of the bearer token on a request: the bootstrap token is admin;
+/// any other must be a live token in the store. `None` for a missing,
+/// unknown or revoked token.
+pub(crate) async fn caller_role(
+    shared: &Shared,
+    bootstrap: &str,
+    given: Option<&str>,
+) -> Result<Option<Role>, HttpError> {
+    let Some(given) = given.map(str::trim).filter(|token| !token.is_empty()) else {
+        return Ok(None);
+    };
+    // Hashes of equal length are compared, so the time taken says nothing
+    // about how close a guess was, nor how long the real token is.
+    let given_hash = access::sha256_hex(given);
+    if access::constant_time_eq(
+        given_hash.as_bytes(),
+        access::sha256_hex(bootstrap).as_bytes(),
+    ) {
+        return Ok(Some(Role::Admin));
+    }
+    Ok(shared
+        .store
+        .api_token_by_hash(&given_hash)
+        .await?
+        .filter(|(_, stored)| access::constant_time_eq(stored.as_bytes(), given_hash.as_bytes()))
+        .map(|(record, _)| record.role))
+}
+
+/// Checks every request's bearer token against the role its route needs,
+/// before the body is read: a refused request changes nothing. Without a
+/// bootstrap token (`--api-token`) nothing is enforced; `start` warns.
+pub(crate) async fn authorize(
+    State(shared): State<Arc<Shared>>,
+    request: Request,
+    next: Next,
+) -> Response {
+    // No matched route: the fallback answers 404 and touches nothing.
+    let Some(route) = request
+        .extensions()
+        .get::<MatchedPath>()
+        .map(|p| p.as_str().to_owned())
+    else {
+        return next.run(request).await;
+    };
+    let needed = match required_access(request.method(), &route) {
+        RouteAccess::Public => return next.run(request).await,
+        RouteAccess::Peer => return authorize_peer(&shared, request, next).await,
+        RouteAccess::Role(role) => role,
+    };
+    let Some(bootstrap) = shared.api_token.as_deref() else {
+        return next.run(request).await;
+    };
+    let has_header = request.headers().contains_key(header::AUTHORIZATION);
+    // Copied out: the request's body is not Sync, so no reference to it may
+    // be held across the store lookup.
+    let given = request
+        .headers()
+        .get(header::AUTHORIZATION)
+        .and_then(|value| value.to_str().ok())
+        .and_then(|value| value.strip_prefix("Bearer "))
+        .map(str::to_owned);
+    let method = request.method().clone();
+    match caller_role(&shared, bootstrap, given.as_deref()).await {
+        Ok(Some(role)) if role.allows(needed) => next.run(request).await,
+        Ok(Some(role)) => HttpError::new(ErrorCode::Forbidden,
+            format!(
+                "{method} {route} needs the {needed} role; this token is {role}; ask an admin for a token with `starling api-token create --role {needed}`"
+            ),
+        )
+        .into_response(),
+        Ok(None) if has_header => unauthorized(
+            "the bearer token is unknown or revoked; pass a valid API token (starling --token, STARLING_API_TOKEN)",
+        ),
+        Ok(None) => unauthorized(
+            "this coordinator requires an API token; send Authorization: Bearer TOKEN (starling --token, STARLING_API_TOKEN)",
+        ),
+        Err(error) => error.into_response(),
+    }
+}
+
+/// Lets through only a peer of the federation: the request must carry the
+/// peer token derived from the cluster key (compared in constant time).
+pub(crate) async fn authorize_peer(shared: &Shared, request: Request, next: Next) -> Response {
+    let Some(federation) = shared.federation.as_ref() else {
+        return HttpError::new(
+            ErrorCode::NotFederated,
+            "this coordinator does not federate; start it with --site and --cluster-key",
+        )
+        .into_response();
+    };
+    let given = request
+        .headers()
+        .get(header::AUTHORIZATION)
+        .and_then(|value| value.to_str().ok())
+        .and_then(|value| value.strip_prefix("Bearer "))
+        .unwrap_or("");
+    if access::constant_time_eq(
+        access::sha256_hex(given).as_bytes(),
+        access::sha256_hex(&federation.peer_token).as_bytes(),
+    ) {
+        next.run(request).await
+    } else {
+        unauthorized("federation routes are for the sites of this federation: send the peer token derived from the same --cluster-key")
+    }
+}

@@ -1,0 +1,224 @@
+//! Uploading, signing and fetching artifacts (wasm modules, OpenCL packages).
+
+use std::sync::Arc;
+
+use axum::body::Bytes;
+use axum::extract::rejection::{BytesRejection, JsonRejection};
+use axum::extract::{Path, State};
+use axum::http::{header, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use sha2::{Digest as _, Sha256};
+use starling_api::{ApiError, ArtifactSignature, ArtifactStored, ErrorCode};
+use starling_opencl::Package;
+use starling_proto::{Digest, PublisherSignature, Runtime};
+
+use super::super::error::HttpError;
+use super::super::json_body;
+use crate::task::unix_now_ms;
+use crate::Shared;
+
+/// Checks that bytes are a valid WebAssembly module, saying why not.
+pub fn validate_wasm(bytes: &[u8]) -> Result<(), String> {
+    if !bytes.starts_with(b"\0asm") {
+        return Err("the body is not a WebAssembly module (it does not start with \\0asm); upload a .wasm file".to_string());
+    }
+    wasmparser::Validator::new()
+        .validate_all(bytes)
+        .map(|_| ())
+        .map_err(|error| format!("the WebAssembly module is invalid: {error}"))
+}
+
+/// Decides what an upload is (a WebAssembly module or an OpenCL package) and
+/// checks it, so that nothing a node could not run is ever stored.
+pub fn validate_artifact(bytes: &[u8]) -> Result<Runtime, HttpError> {
+    if bytes.starts_with(b"\0asm") {
+        validate_wasm(bytes)
+            .map_err(|message| HttpError::new(ErrorCode::InvalidArtifact, message))?;
+        Ok(Runtime::Wasm)
+    } else if Package::looks_like(bytes) {
+        Package::from_bytes(bytes).map_err(|error| {
+            HttpError::new(
+                ErrorCode::InvalidKernel,
+                format!("{error}; see tasks/README.md for the [opencl] section of task.toml"),
+            )
+        })?;
+        Ok(Runtime::Opencl)
+    } else {
+        Err(HttpError::new(ErrorCode::InvalidArtifact,
+            "the body is not a WebAssembly module (it does not start with \\0asm), nor an OpenCL package (a JSON object); upload a .wasm file, or publish a .cl kernel with `starling publish`",
+        ))
+    }
+}
+
+/// Stores a WebAssembly module or an OpenCL package (kernel source and spec,
+/// as `starling publish KERNEL.cl` builds it) under its sha256, after checking
+/// it: a module must validate, a package's spec must match its kernel.
+/// Uploading the same bytes again is fine.
+#[utoipa::path(
+    post,
+    path = "/api/v1/artifacts",
+    security((), ("bearer" = [])),
+    request_body(content(
+        (Vec<u8> = "application/wasm"),
+        (Vec<u8> = "application/vnd.starling.opencl+json")
+    ), description = "The module's bytes, or the OpenCL package"),
+    responses(
+        (status = 201, description = "Stored (or already stored)", body = ArtifactStored),
+        (status = 400, description = "Not a valid WebAssembly module or OpenCL package", body = ApiError),
+        (status = 401, description = "Missing or wrong API token", body = ApiError),
+        (status = 413, description = "Larger than the coordinator accepts", body = ApiError)
+    )
+)]
+pub(crate) async fn upload_artifact(
+    State(shared): State<Arc<Shared>>,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<(StatusCode, Json<ArtifactStored>), HttpError> {
+    let bytes = body.map_err(|rejection| {
+        if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
+            HttpError::new(ErrorCode::ArtifactTooLarge,
+                format!(
+                    "the module is larger than the {} bytes this coordinator accepts; shrink it (wasm-opt, strip debug info) or raise max-artifact-bytes",
+                    shared.max_artifact_bytes
+                ),
+            )
+        } else {
+            HttpError::with_status(rejection.status(), ErrorCode::BadBody, rejection.body_text())
+        }
+    })?;
+    if bytes.is_empty() {
+        return Err(HttpError::new(
+            ErrorCode::InvalidArtifact,
+            "the body is empty; send the .wasm file's bytes",
+        ));
+    }
+    let runtime = validate_artifact(&bytes)?;
+    let digest = Digest(Sha256::digest(&bytes).into());
+    let created = shared
+        .store
+        .put_artifact(&digest, &bytes, runtime, unix_now_ms())
+        .await?;
+    Ok((
+        StatusCode::CREATED,
+        Json(ArtifactStored {
+            digest: digest.to_hex(),
+            size: bytes.len() as u64,
+            runtime: runtime.as_str().to_string(),
+            created,
+        }),
+    ))
+}
+
+/// Records a publisher's signature over a stored artifact; every later
+/// assignment of the artifact carries it, and nodes that trust the publisher
+/// (`--trusted-publisher`) run only artifacts so signed.
+#[utoipa::path(
+    post,
+    path = "/api/v1/artifacts/{digest}/signature",
+    security((), ("bearer" = [])),
+    params(("digest" = String, Path, description = "sha256 of the artifact, 64 hex digits")),
+    request_body = ArtifactSignature,
+    responses(
+        (status = 200, description = "Recorded (replacing any earlier signature)", body = ArtifactSignature),
+        (status = 400, description = "Not hex, or the signature does not verify over the digest", body = ApiError),
+        (status = 401, description = "Missing or wrong API token", body = ApiError),
+        (status = 403, description = "Role below developer", body = ApiError),
+        (status = 404, description = "No such artifact", body = ApiError)
+    )
+)]
+pub(crate) async fn sign_artifact(
+    State(shared): State<Arc<Shared>>,
+    Path(digest): Path<String>,
+    body: Result<Json<ArtifactSignature>, JsonRejection>,
+) -> Result<Json<ArtifactSignature>, HttpError> {
+    let digest = parse_digest(&digest)?;
+    let body = json_body(body, "ArtifactSignature")?;
+    let decode = |what: &str, text: &str| {
+        hex::decode(text.trim()).map_err(|error| {
+            HttpError::new(
+                ErrorCode::InvalidSignature,
+                format!("the {what} is not hex ({error}); starling sign writes both"),
+            )
+        })
+    };
+    let publisher = PublisherSignature {
+        key: decode("key", &body.key)?,
+        signature: decode("signature", &body.signature)?,
+    };
+    publisher.verify(&digest).map_err(|detail| {
+        HttpError::new(
+            ErrorCode::InvalidSignature,
+            format!("the publisher signature is refused: {detail}"),
+        )
+    })?;
+    if !shared
+        .store
+        .set_artifact_publisher(&digest, &publisher)
+        .await?
+    {
+        return Err(HttpError::new(
+            ErrorCode::ArtifactNotFound,
+            format!("no artifact {digest}; upload it first (starling publish FILE)"),
+        ));
+    }
+    tracing::info!(artifact = %digest, publisher = %hex::encode(&publisher.key), "publisher signature recorded");
+    Ok(Json(ArtifactSignature {
+        key: hex::encode(&publisher.key),
+        signature: hex::encode(&publisher.signature),
+    }))
+}
+
+pub(crate) fn parse_digest(text: &str) -> Result<Digest, HttpError> {
+    Digest::parse(text).map_err(|error| {
+        HttpError::new(
+            ErrorCode::InvalidDigest,
+            format!("{error}; use the digest POST /api/v1/artifacts returned"),
+        )
+    })
+}
+
+/// Serves a module's bytes (agents fetch modules here).
+#[utoipa::path(
+    get,
+    path = "/api/v1/artifacts/{digest}",
+    params(("digest" = String, Path, description = "sha256 of the module, 64 hex digits")),
+    responses(
+        (status = 200, description = "The module", content_type = "application/wasm", body = Vec<u8>),
+        (status = 400, description = "Not a digest", body = ApiError),
+        (status = 404, description = "No such artifact", body = ApiError)
+    )
+)]
+pub(crate) async fn get_artifact(
+    State(shared): State<Arc<Shared>>,
+    Path(digest): Path<String>,
+) -> Result<Response, HttpError> {
+    let digest = parse_digest(&digest)?;
+    match shared.store.artifact(&digest).await? {
+        Some(bytes) => {
+            let media_type = if bytes.starts_with(b"\0asm") {
+                "application/wasm"
+            } else {
+                starling_opencl::package::MEDIA_TYPE
+            };
+            Ok(([(header::CONTENT_TYPE, media_type)], bytes).into_response())
+        }
+        None => Err(HttpError::new(ErrorCode::ArtifactNotFound,
+            format!("no artifact {digest}; upload it with POST /api/v1/artifacts (starling publish FILE.wasm)"),
+        )),
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn wasm_validation_explains() {
+        assert!(validate_wasm(b"\0asm\x01\0\0\0").is_ok());
+        assert!(validate_wasm(b"hello").unwrap_err().contains("\\0asm"));
+        assert!(validate_wasm(b"\0asm\x01\0\0\0\x01")
+            .unwrap_err()
+            .contains("invalid"));
+    }
+}

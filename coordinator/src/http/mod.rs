@@ -1,0 +1,109 @@
+//! The REST API under `/api/v1` (axum) and the HTTP server around it.
+//! Handlers only parse and answer: each resource's handlers live in
+//! `handlers/`, the route table with the role each route needs in `routes`,
+//! the bearer-token check in `auth`, the mapping of every error to a status
+//! and `{"error": CODE, "message": ...}` body in `error`, the OpenAPI
+//! document in `openapi`. The request and response types are
+//! `starling_api`'s.
+
+mod auth;
+pub mod error;
+mod handlers;
+pub mod openapi;
+mod routes;
+mod views;
+
+use std::sync::Arc;
+
+use axum::extract::rejection::JsonRejection;
+use axum::extract::DefaultBodyLimit;
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use starling_api::ErrorCode;
+
+use crate::Shared;
+use auth::authorize;
+use error::HttpError;
+use handlers::{access::*, artifacts::*, federation::*, metrics::*, nodes::*, tasks::*};
+use openapi::openapi_document;
+
+pub use handlers::artifacts::{validate_artifact, validate_wasm};
+pub use openapi::{openapi_json, ApiDoc};
+
+/// Default number of tasks a list returns.
+pub(crate) const DEFAULT_LIST_LIMIT: u32 = 50;
+
+/// Most tasks a list returns.
+pub(crate) const MAX_LIST_LIMIT: u32 = 1000;
+
+/// Largest JSON request body (a task with its inline input in base64).
+const MAX_JSON_BODY_BYTES: usize = 2 * 1024 * 1024;
+
+/// The API's routes over the coordinator's shared state.
+pub(crate) fn router(shared: Arc<Shared>) -> Router {
+    let artifact_limit = shared.max_artifact_bytes;
+    Router::new()
+        .route("/api/v1/health", get(health))
+        .route("/api/v1/nodes", get(list_nodes))
+        .route("/api/v1/nodes/{id}", get(get_node))
+        .route(
+            "/api/v1/artifacts",
+            post(upload_artifact).layer(DefaultBodyLimit::max(artifact_limit)),
+        )
+        .route("/api/v1/artifacts/{digest}", get(get_artifact))
+        .route("/api/v1/artifacts/{digest}/signature", post(sign_artifact))
+        .route("/api/v1/tasks", post(submit_task).get(list_tasks))
+        .route("/api/v1/tasks/{id}", get(get_task))
+        .route("/api/v1/tasks/{id}/cancel", post(cancel_task))
+        .route("/api/v1/openapi.json", get(openapi_document))
+        .route("/api/v1/identity", get(identity))
+        .route("/api/v1/enroll", post(enroll))
+        .route("/api/v1/join-tokens", post(create_join_token))
+        .route("/api/v1/nodes/{id}/revoke", post(revoke_node))
+        .route(
+            "/api/v1/api-tokens",
+            post(create_api_token).get(list_api_tokens),
+        )
+        .route("/api/v1/api-tokens/{id}/revoke", post(revoke_api_token))
+        .route("/api/v1/sites", get(list_sites))
+        .route("/api/v1/federation/tasks", post(accept_forward))
+        .route(
+            "/api/v1/federation/tasks/{site}/{task}",
+            get(forward_status),
+        )
+        .route(
+            "/api/v1/federation/tasks/{site}/{task}/cancel",
+            post(cancel_forward),
+        )
+        .route("/metrics", get(metrics))
+        .fallback(not_found)
+        .layer(DefaultBodyLimit::max(MAX_JSON_BODY_BYTES))
+        .layer(axum::middleware::from_fn_with_state(
+            shared.clone(),
+            authorize,
+        ))
+        .with_state(shared)
+}
+
+async fn not_found() -> HttpError {
+    HttpError::new(
+        ErrorCode::NotFound,
+        "no such endpoint; see GET /api/v1/openapi.json for the API",
+    )
+}
+
+pub(crate) fn json_body<T>(
+    body: Result<Json<T>, JsonRejection>,
+    schema: &str,
+) -> Result<T, HttpError> {
+    body.map(|Json(value)| value).map_err(|rejection| {
+        HttpError::with_status(
+            rejection.status(),
+            ErrorCode::InvalidJson,
+            format!(
+                "{}; see {schema} in GET /api/v1/openapi.json",
+                rejection.body_text()
+            ),
+        )
+    })
+}

@@ -1,0 +1,138 @@
+//! The cluster as the placement engine sees it in one round: the registry's
+//! nodes (with work already in flight committed to them) and the pending
+//! queue. The scheduler places from it; the federation's site digest is
+//! computed from the same snapshot.
+
+use starling_placement::{ClusterView, Constraints, Demand, NodeView, PendingTask, TaskClass};
+use starling_proto::NodeId;
+
+use crate::store::{StoreError, TaskRecord};
+use crate::task::{unix_now_ms, TaskKind, TaskStatus};
+use crate::Shared;
+
+/// Most pending tasks handed to the policy in one round.
+pub(crate) const QUEUE_WINDOW: u32 = 256;
+
+/// Most in-flight tasks accounted in the cluster view.
+pub(crate) const IN_FLIGHT_WINDOW: u32 = 4096;
+
+fn placement_class(kind: TaskKind) -> TaskClass {
+    match kind {
+        TaskKind::Cpu => TaskClass::Cpu,
+        TaskKind::Gpu => TaskClass::Gpu,
+        TaskKind::Io => TaskClass::Io,
+    }
+}
+
+/// The placement engine's view of a stored task.
+pub fn pending_task(key: u64, record: &TaskRecord) -> PendingTask {
+    let spec = &record.spec;
+    PendingTask {
+        key,
+        class: placement_class(spec.class),
+        demand: Demand {
+            cpu_cores: spec.demand.cpu_cores,
+            memory_bytes: spec.demand.memory_mb.saturating_mul(1024 * 1024),
+            gpu: spec.demand.gpu,
+            io_mbps: spec.demand.io_mbps,
+            gpu_memory_bytes: spec.demand.gpu_memory_bytes,
+        },
+        work: spec.work_seconds,
+        input_bytes: spec.input.len() as u64,
+        output_bytes: spec.limits.output_bytes.min(64 * 1024),
+        deadline_ms: spec.deadline_unix_ms,
+        priority: spec.priority,
+        submitted_ms: spec.created_ms,
+        constraints: Constraints {
+            runtime: spec.runtime,
+            arch: None,
+            labels: Vec::new(),
+            device_kind: spec.demand.device.required_kind(),
+            fp64: spec.demand.fp64,
+        },
+    }
+}
+
+/// One node of the view: its id and when its latest telemetry arrived.
+pub(crate) struct ViewNode {
+    pub(crate) id: NodeId,
+    pub(crate) telemetry_received_ms: Option<u64>,
+}
+
+/// Builds the cluster view from the registry, in node-id order.
+fn cluster_view(shared: &Shared, now_ms: u64) -> (ClusterView, Vec<ViewNode>) {
+    let registry = shared.registry();
+    let mut ids = Vec::with_capacity(registry.len());
+    let mut nodes = Vec::with_capacity(registry.len());
+    for entry in registry.nodes() {
+        ids.push(ViewNode {
+            id: entry.capability.node_id.clone(),
+            telemetry_received_ms: entry.telemetry_received_ms,
+        });
+        // A node silent for too long is not offered work even if its last
+        // status said online: agents report telemetry every second, and a
+        // broker that lost its session state may never deliver a last will.
+        let heard_recently = now_ms.saturating_sub(entry.last_seen_ms) < shared.node_timeout_ms;
+        nodes.push(NodeView::from_reports(
+            &entry.capability,
+            entry.telemetry.as_ref(),
+            entry.online() && heard_recently,
+        ));
+    }
+    (ClusterView { now_ms, nodes }, ids)
+}
+
+/// What the policy sees in one round: the cluster, with work in flight
+/// committed, and the pending queue.
+pub(crate) struct Snapshot {
+    /// The cluster view.
+    pub(crate) view: ClusterView,
+    pub(crate) ids: Vec<ViewNode>,
+    /// The pending tasks, in queue order.
+    pub(crate) pending: Vec<TaskRecord>,
+    /// Their placement views; `queue[i].key == i`.
+    pub(crate) queue: Vec<PendingTask>,
+}
+
+/// The view the policy and the site digest are computed from.
+pub(crate) async fn snapshot(
+    shared: &Shared,
+    pending: Vec<TaskRecord>,
+) -> Result<Snapshot, StoreError> {
+    let now_ms = unix_now_ms();
+    let (mut view, ids) = cluster_view(shared, now_ms);
+    // Work already out on nodes occupies them; the view must say so. A node's
+    // telemetry already counts the work it reported after the task's last
+    // change (its load and task counts), so only work newer than the node's
+    // latest telemetry is added here, lest it count twice.
+    for record in shared.store.in_flight_tasks(IN_FLIGHT_WINDOW).await? {
+        let Some(node) = record.node_id.as_deref() else {
+            continue;
+        };
+        let Some(index) = ids
+            .iter()
+            .position(|view_node| view_node.id.as_str() == node)
+        else {
+            continue;
+        };
+        let reported = ids[index]
+            .telemetry_received_ms
+            .is_some_and(|received| received > record.updated_ms);
+        if record.status == TaskStatus::Running && reported {
+            continue;
+        }
+        let task = pending_task(u64::MAX, &record);
+        view.commit(index, &task, record.power_level.unwrap_or(0));
+    }
+    let queue = pending
+        .iter()
+        .enumerate()
+        .map(|(index, record)| pending_task(index as u64, record))
+        .collect();
+    Ok(Snapshot {
+        view,
+        ids,
+        pending,
+        queue,
+    })
+}

@@ -1,0 +1,164 @@
+//! Everything the coordinator publishes to nodes that is not a reply to a
+//! message it handles (those are in `ingest`): assignments, signed at each
+//! send and claimed in the outbox first, and cancels.
+
+use rumqttc::QoS;
+use starling_proto::{encode, Assignment, Cancel, Channel, NodeId, TaskId, PROTOCOL_VERSION};
+
+use crate::domain::delivery::backoff;
+use crate::store::{OutboxEntry, StoreError, TaskRecord};
+use crate::{Counters, Shared};
+
+/// Why a cancel could not be published.
+#[derive(Debug, thiserror::Error)]
+pub enum PublishError {
+    /// A stored id is not a valid wire id (the store was edited by hand).
+    #[error("invalid id in a cancel: {0}")]
+    Id(#[from] starling_proto::IdError),
+    /// The message did not encode.
+    #[error("cannot encode the cancel: {0}")]
+    Encode(#[from] starling_proto::EncodeError),
+    /// The MQTT client's request queue is closed.
+    #[error("cannot publish the cancel: {0}")]
+    Client(#[from] rumqttc::ClientError),
+}
+
+fn to_ms(duration: std::time::Duration) -> u64 {
+    u64::try_from(duration.as_millis()).unwrap_or(u64::MAX)
+}
+
+/// Claims the send of `entry` (as read) and publishes the assignment of
+/// `task`'s attempt, freshly signed. Returns whether this call sent it.
+pub(crate) async fn send_assignment(
+    shared: &Shared,
+    entry: &OutboxEntry,
+    task: &TaskRecord,
+    now_ms: u64,
+) -> Result<bool, StoreError> {
+    let Ok(node) = NodeId::new(&entry.node_id) else {
+        // Node ids are checked when nodes register, so the store cannot hold
+        // a bad one unless it was edited by hand; drop the row, keep going.
+        tracing::error!(node = %entry.node_id, "outbox row for an invalid node id dropped");
+        shared
+            .store
+            .drop_outbox(&entry.task_id, entry.attempt)
+            .await?;
+        return Ok(false);
+    };
+    let next_ms = now_ms.saturating_add(to_ms(backoff(shared.resend_interval, entry.sends)));
+    if !shared.store.claim_outbox_send(entry, next_ms).await? {
+        return Ok(false);
+    }
+    let power_level = task.power_level.unwrap_or(0);
+    // Read at each send, so a signature added after submission reaches
+    // the next (re)send.
+    let publisher = shared.store.artifact_publisher(&task.spec.artifact).await?;
+    let bytes = match assignment(task, &node, entry.attempt, power_level, &shared.public_url)
+        .and_then(|mut assignment| {
+            assignment.publisher = publisher;
+            shared
+                .signer
+                .sign(&mut assignment, &node, now_ms)
+                .map_err(|e| e.to_string())?;
+            encode(&assignment).map_err(|e| e.to_string())
+        }) {
+        Ok(bytes) => bytes,
+        Err(detail) => {
+            // The submission was checked against these bounds, so this only
+            // happens with a misconfigured public URL.
+            tracing::error!(task = %entry.task_id, %detail, "cannot build the assignment");
+            return Ok(false);
+        }
+    };
+    let topic = shared.topics.node(&node, Channel::Assign);
+    // Not the task that polls the MQTT event loop, so waiting for room in the
+    // request queue cannot deadlock.
+    if let Err(error) = shared
+        .mqtt
+        .publish(topic, QoS::AtLeastOnce, false, bytes)
+        .await
+    {
+        // The row stays; the next due time sends it again.
+        tracing::warn!(task = %entry.task_id, %error, "cannot publish the assignment");
+        return Ok(false);
+    }
+    Counters::increment(&shared.counters.assignments_published);
+    Ok(true)
+}
+
+/// The assignment for one attempt of a stored task to `node`, unsigned
+/// (`Signer::sign` fills the validity window and the signature).
+pub fn assignment(
+    record: &TaskRecord,
+    node: &NodeId,
+    attempt: u32,
+    power_level: u8,
+    public_url: &str,
+) -> Result<Assignment, String> {
+    let spec = &record.spec;
+    let task_id = TaskId::new(&spec.id).map_err(|e| e.to_string())?;
+    let url = format!("{public_url}/api/v1/artifacts/{}", spec.artifact.to_hex());
+    let artifact_url = heapless_string(&url).ok_or_else(|| {
+        format!(
+            "artifact URL {url} is longer than {} bytes; use a shorter --public-url",
+            starling_proto::limits::URL_LEN
+        )
+    })?;
+    let mut args = heapless::Vec::new();
+    for arg in &spec.args {
+        let arg = heapless_string(arg).ok_or_else(|| format!("argument {arg:?} is too long"))?;
+        args.push(arg)
+            .map_err(|_| "too many arguments".to_string())?;
+    }
+    Ok(Assignment {
+        v: PROTOCOL_VERSION,
+        task_id,
+        attempt,
+        runtime: spec.runtime,
+        artifact: spec.artifact,
+        artifact_url,
+        args,
+        input: spec.input.clone(),
+        limits: spec.limits.into(),
+        power_level,
+        deadline_unix_ms: spec.deadline_unix_ms,
+        // What the manifest granted; the node's policy may still refuse it.
+        grants: spec.limits.grants.into(),
+        // The outbox adds the artifact's publisher signature when it sends.
+        publisher: None,
+        node_id: node.clone(),
+        issued_unix_ms: 0,
+        expires_unix_ms: 0,
+        signature: Vec::new(),
+    })
+}
+
+fn heapless_string<const N: usize>(text: &str) -> Option<heapless::String<N>> {
+    heapless::String::try_from(text).ok()
+}
+
+/// Asks `node_id` to stop `attempt` of `task_id`.
+pub(crate) async fn send_cancel(
+    shared: &Shared,
+    task_id: &str,
+    node_id: &str,
+    attempt: u32,
+) -> Result<(), PublishError> {
+    let node = NodeId::new(node_id).map_err(PublishError::from)?;
+    let cancel = Cancel {
+        v: PROTOCOL_VERSION,
+        task_id: TaskId::new(task_id).map_err(PublishError::from)?,
+        attempt,
+    };
+    let bytes = encode(&cancel).map_err(PublishError::from)?;
+    shared
+        .mqtt
+        .publish(
+            shared.topics.node(&node, Channel::Cancel),
+            QoS::AtLeastOnce,
+            false,
+            bytes,
+        )
+        .await
+        .map_err(PublishError::from)
+}

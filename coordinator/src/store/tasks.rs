@@ -1,0 +1,438 @@
+//! The `tasks` table: submission, listing, the placement queue, assignment
+//! (with its `attempts` and `outbox` rows), holds, requeues after a node was
+//! lost, and cancels.
+
+use std::str::FromStr;
+
+use super::{
+    corrupt, from_db, to_db, with_pool, Backend, Store, StoreError, TaskRow, TASK_COLUMNS,
+};
+use crate::task::{TaskDemand, TaskKind, TaskLimits, TaskStatus};
+use starling_proto::{Digest, Runtime};
+
+/// A task as submitted, before the coordinator stores it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct NewTask {
+    /// The task's id.
+    pub id: String,
+    /// The module to run.
+    pub artifact: Digest,
+    /// The runtime that runs it.
+    pub runtime: Runtime,
+    /// Bytes given to the task on stdin.
+    pub input: Vec<u8>,
+    /// Arguments.
+    pub args: Vec<String>,
+    /// The task's dominant resource.
+    pub class: TaskKind,
+    /// Resources it needs.
+    pub demand: TaskDemand,
+    /// Limits the agent enforces.
+    pub limits: TaskLimits,
+    /// Estimated work, in seconds on one reference core.
+    pub work_seconds: f64,
+    /// Higher is more urgent.
+    pub priority: u8,
+    /// Absolute deadline, Unix milliseconds.
+    pub deadline_unix_ms: Option<u64>,
+    /// When it was submitted, Unix milliseconds.
+    pub created_ms: u64,
+}
+
+/// A stored task with its current state.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TaskRecord {
+    /// The submission.
+    pub spec: NewTask,
+    /// Its state.
+    pub status: TaskStatus,
+    /// When it last changed, Unix milliseconds.
+    pub updated_ms: u64,
+    /// The node of the current (or last) attempt.
+    pub node_id: Option<String>,
+    /// The current attempt number; 0 before the first assignment.
+    pub attempt: u32,
+    /// The power level chosen for the current attempt.
+    pub power_level: Option<u8>,
+    /// Output of a successful attempt.
+    pub output: Option<Vec<u8>>,
+    /// Exit code of the module, when it exited.
+    pub exit_code: Option<i32>,
+    /// Failure code, for failed tasks.
+    pub failure_reason: Option<String>,
+    /// Failure message for people.
+    pub failure_message: Option<String>,
+    /// The latest placement explanation, as JSON.
+    pub explanation: Option<serde_json::Value>,
+    /// Whether a cancel was requested while an attempt ran.
+    pub cancel_requested: bool,
+    /// The site the current attempt was forwarded to; `None` when it runs here.
+    pub site: Option<String>,
+    /// The node at that site that ran it, as the site reported.
+    pub site_node: Option<String>,
+    /// For a task forwarded here: the site it came from and its id there.
+    pub origin: Option<(String, String)>,
+}
+
+/// What a cancel request did.
+#[derive(Debug, Clone, PartialEq)]
+pub enum CancelOutcome {
+    /// The task was pending and is now cancelled.
+    Cancelled,
+    /// An attempt runs on a node: the caller must send it a `Cancel`.
+    SendCancel {
+        /// The node running it.
+        node_id: String,
+        /// The attempt to stop.
+        attempt: u32,
+    },
+    /// The task runs at another site: the forwarder passes the cancel on.
+    Forwarded,
+    /// The task had already ended in this state.
+    AlreadyEnded(TaskStatus),
+    /// No task has this id.
+    NotFound,
+}
+
+/// A task put back in the queue or given up on after its node went offline.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LostTask {
+    /// The task.
+    pub task_id: String,
+    /// The attempt that was lost.
+    pub attempt: u32,
+    /// `Pending` when it will be retried, `Failed` when its attempts ran out,
+    /// `Cancelled` when a cancel was requested.
+    pub status: TaskStatus,
+}
+
+impl Store {
+    /// Stores a new task in state `pending`.
+    pub async fn insert_task(&self, task: &NewTask) -> Result<(), StoreError> {
+        self.insert_task_from(task, None).await.map(|_| ())
+    }
+
+    /// Stores a new task in state `pending`, with the site and task it was
+    /// forwarded from, if any; false when a task from that same origin is
+    /// already stored (and nothing was inserted).
+    pub(crate) async fn insert_task_from(
+        &self,
+        task: &NewTask,
+        origin: Option<(&str, &str)>,
+    ) -> Result<bool, StoreError> {
+        let sql = "INSERT INTO tasks (id, artifact, runtime, input, args, class, demand, limits, \
+                   work_seconds, priority, deadline_unix_ms, created_ms, updated_ms, state, attempt, \
+                   cancel_requested, origin_site, origin_task) \
+                   VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $12, 'pending', 0, 0, $13, $14) \
+                   ON CONFLICT (origin_site, origin_task) DO NOTHING";
+        let args = serde_json::to_string(&task.args).map_err(|e| corrupt("tasks.args", e))?;
+        let demand = serde_json::to_string(&task.demand).map_err(|e| corrupt("tasks.demand", e))?;
+        let limits = serde_json::to_string(&task.limits).map_err(|e| corrupt("tasks.limits", e))?;
+        let inserted = with_pool!(self, pool => sqlx::query(sql)
+            .bind(&task.id)
+            .bind(task.artifact.to_hex())
+            .bind(task.runtime.as_str())
+            .bind(&task.input)
+            .bind(&args)
+            .bind(task.class.as_str())
+            .bind(&demand)
+            .bind(&limits)
+            .bind(task.work_seconds)
+            .bind(i64::from(task.priority))
+            .bind(task.deadline_unix_ms.map(to_db))
+            .bind(to_db(task.created_ms))
+            .bind(origin.map(|(site, _)| site))
+            .bind(origin.map(|(_, id)| id))
+            .execute(pool)
+            .await
+            .map(|done| done.rows_affected()))?;
+        Ok(inserted == 1)
+    }
+
+    /// One task, if it exists.
+    pub async fn task(&self, id: &str) -> Result<Option<TaskRecord>, StoreError> {
+        let sql = format!("SELECT {TASK_COLUMNS} FROM tasks WHERE id = $1");
+        let row: Option<TaskRow> = with_pool!(self, pool => sqlx::query_as(&sql)
+            .bind(id)
+            .fetch_optional(pool)
+            .await)?;
+        row.map(TaskRow::into_record).transpose()
+    }
+
+    /// Tasks, newest first, optionally only those in one state.
+    pub async fn list_tasks(
+        &self,
+        status: Option<TaskStatus>,
+        limit: u32,
+    ) -> Result<Vec<TaskRecord>, StoreError> {
+        let sql = format!(
+            "SELECT {TASK_COLUMNS} FROM tasks WHERE ($1 IS NULL OR state = $1) \
+             ORDER BY created_ms DESC, id DESC LIMIT $2"
+        );
+        let rows: Vec<TaskRow> = with_pool!(self, pool => sqlx::query_as(&sql)
+            .bind(status.map(TaskStatus::as_str))
+            .bind(i64::from(limit))
+            .fetch_all(pool)
+            .await)?;
+        rows.into_iter().map(TaskRow::into_record).collect()
+    }
+
+    /// Pending tasks, oldest first: the placement engine's queue.
+    pub async fn pending_tasks(&self, limit: u32) -> Result<Vec<TaskRecord>, StoreError> {
+        self.tasks_in_states(
+            "state = 'pending'",
+            "ORDER BY created_ms ASC, id ASC",
+            limit,
+        )
+        .await
+    }
+
+    /// Tasks with an attempt out on a node.
+    pub async fn in_flight_tasks(&self, limit: u32) -> Result<Vec<TaskRecord>, StoreError> {
+        self.tasks_in_states(
+            "state IN ('assigned', 'running')",
+            "ORDER BY created_ms ASC, id ASC",
+            limit,
+        )
+        .await
+    }
+
+    async fn tasks_in_states(
+        &self,
+        condition: &str,
+        order: &str,
+        limit: u32,
+    ) -> Result<Vec<TaskRecord>, StoreError> {
+        let sql = format!("SELECT {TASK_COLUMNS} FROM tasks WHERE {condition} {order} LIMIT $1");
+        let rows: Vec<TaskRow> = with_pool!(self, pool => sqlx::query_as(&sql)
+            .bind(i64::from(limit))
+            .fetch_all(pool)
+            .await)?;
+        rows.into_iter().map(TaskRow::into_record).collect()
+    }
+
+    /// How many tasks are in each state (states with none are absent).
+    pub async fn task_counts(&self) -> Result<Vec<(TaskStatus, u64)>, StoreError> {
+        let sql = "SELECT state, COUNT(*) FROM tasks GROUP BY state";
+        let rows: Vec<(String, i64)> =
+            with_pool!(self, pool => sqlx::query_as(sql).fetch_all(pool).await)?;
+        rows.into_iter()
+            .map(|(state, count)| {
+                let status = TaskStatus::from_str(&state).map_err(|e| corrupt("tasks.state", e))?;
+                Ok((status, from_db(count)))
+            })
+            .collect()
+    }
+
+    /// The nodes that have an attempt in flight (tasks `assigned` or `running`).
+    pub async fn in_flight_nodes(&self) -> Result<Vec<String>, StoreError> {
+        let sql = "SELECT DISTINCT node_id FROM tasks \
+                   WHERE state IN ('assigned', 'running') AND node_id IS NOT NULL";
+        let rows: Vec<(String,)> =
+            with_pool!(self, pool => sqlx::query_as(sql).fetch_all(pool).await)?;
+        Ok(rows.into_iter().map(|(node,)| node).collect())
+    }
+
+    /// Records a placement: the pending task gets attempt `attempt` on `node_id`,
+    /// and the assignment enters the outbox (due now, never sent) in the same
+    /// transaction. Returns false (and changes nothing) when the task is no longer pending at
+    /// the expected attempt, for instance because it was cancelled meanwhile.
+    pub async fn assign_task(
+        &self,
+        task_id: &str,
+        attempt: u32,
+        node_id: &str,
+        power_level: u8,
+        explanation: &serde_json::Value,
+        now_ms: u64,
+    ) -> Result<bool, StoreError> {
+        let explanation = explanation.to_string();
+        let update =
+            "UPDATE tasks SET state = 'assigned', attempt = $2, node_id = $3, power_level = $4, \
+                      explanation = $5, updated_ms = $6 \
+                      WHERE id = $1 AND state = 'pending' AND attempt = $7";
+        let insert = "INSERT INTO attempts (task_id, attempt, node_id, power_level, assigned_ms, state, explanation) \
+                      VALUES ($1, $2, $3, $4, $5, 'assigned', $6)";
+        // Due at once and never sent: the scheduler claims the first send right
+        // after the commit, and if the process dies before it does, the resend
+        // loop of the next start sends it.
+        let outbox = "INSERT INTO outbox (task_id, attempt, node_id, next_send_ms, sends) \
+                      VALUES ($1, $2, $3, $4, 0)";
+        let assigned = with_pool!(self, pool => {
+            let mut tx = pool.begin().await?;
+            let updated = sqlx::query(update)
+                .bind(task_id)
+                .bind(i64::from(attempt))
+                .bind(node_id)
+                .bind(i64::from(power_level))
+                .bind(&explanation)
+                .bind(to_db(now_ms))
+                .bind(i64::from(attempt.saturating_sub(1)))
+                .execute(&mut *tx)
+                .await?
+                .rows_affected();
+            if updated == 1 {
+                sqlx::query(insert)
+                    .bind(task_id)
+                    .bind(i64::from(attempt))
+                    .bind(node_id)
+                    .bind(i64::from(power_level))
+                    .bind(to_db(now_ms))
+                    .bind(&explanation)
+                    .execute(&mut *tx)
+                    .await?;
+                sqlx::query(outbox)
+                    .bind(task_id)
+                    .bind(i64::from(attempt))
+                    .bind(node_id)
+                    .bind(to_db(now_ms))
+                    .execute(&mut *tx)
+                    .await?;
+                tx.commit().await?;
+                Ok::<bool, sqlx::Error>(true)
+            } else {
+                tx.rollback().await?;
+                Ok(false)
+            }
+        })?;
+        Ok(assigned)
+    }
+
+    /// Records why a pending task stays pending (the policy held it), unless
+    /// the same explanation is already stored.
+    pub async fn hold_task(
+        &self,
+        task_id: &str,
+        explanation: &serde_json::Value,
+    ) -> Result<(), StoreError> {
+        let sql = "UPDATE tasks SET explanation = $2 WHERE id = $1 AND state = 'pending' \
+                   AND (explanation IS NULL OR explanation <> $2)";
+        let text = explanation.to_string();
+        with_pool!(self, pool => sqlx::query(sql).bind(task_id).bind(&text).execute(pool).await.map(|_| ()))?;
+        Ok(())
+    }
+
+    /// Handles a node gone offline (its last will, or silence past the node
+    /// timeout): each of its in-flight attempts is marked lost and leaves the
+    /// outbox; the task goes back to `pending` for a new attempt, or to `failed`
+    /// (reason `node_lost`) once `max_attempts` attempts were made, or to
+    /// `cancelled` when a cancel was pending.
+    pub async fn requeue_node_tasks(
+        &self,
+        node_id: &str,
+        max_attempts: u32,
+        now_ms: u64,
+    ) -> Result<Vec<LostTask>, StoreError> {
+        let mark_attempts = "UPDATE attempts SET state = 'lost', finished_ms = $2 \
+                             WHERE node_id = $1 AND state IN ('assigned', 'accepted', 'running')";
+        let select = "SELECT id, attempt, cancel_requested FROM tasks \
+                      WHERE node_id = $1 AND state IN ('assigned', 'running')";
+        let insert_event = "INSERT INTO events (task_id, attempt, state, node_id, received_ms, output_bytes) \
+                            VALUES ($1, $2, 'lost', $3, $4, 0) ON CONFLICT (task_id, attempt, state) DO NOTHING";
+        let retry = "UPDATE tasks SET state = 'pending', node_id = NULL, power_level = NULL, updated_ms = $2 \
+                     WHERE id = $1";
+        let cancel = "UPDATE tasks SET state = 'cancelled', updated_ms = $2 WHERE id = $1";
+        let give_up = "UPDATE tasks SET state = 'failed', failure_reason = 'node_lost', failure_message = $3, \
+                       updated_ms = $2 WHERE id = $1";
+        let clear_outbox = "DELETE FROM outbox WHERE task_id = $1";
+        let lost = with_pool!(self, pool => {
+            let mut tx = pool.begin().await?;
+            sqlx::query(mark_attempts).bind(node_id).bind(to_db(now_ms)).execute(&mut *tx).await?;
+            let rows: Vec<(String, i64, i64)> =
+                sqlx::query_as(select).bind(node_id).fetch_all(&mut *tx).await?;
+            let mut lost = Vec::with_capacity(rows.len());
+            for (task_id, attempt, cancel_requested) in rows {
+                let attempt = u32::try_from(attempt).unwrap_or(0);
+                sqlx::query(insert_event)
+                    .bind(&task_id)
+                    .bind(i64::from(attempt))
+                    .bind(node_id)
+                    .bind(to_db(now_ms))
+                    .execute(&mut *tx)
+                    .await?;
+                sqlx::query(clear_outbox).bind(&task_id).execute(&mut *tx).await?;
+                let status = if cancel_requested != 0 {
+                    // Its submitter wanted it stopped; the node is gone, so it is.
+                    sqlx::query(cancel).bind(&task_id).bind(to_db(now_ms)).execute(&mut *tx).await?;
+                    TaskStatus::Cancelled
+                } else if attempt < max_attempts {
+                    sqlx::query(retry).bind(&task_id).bind(to_db(now_ms)).execute(&mut *tx).await?;
+                    TaskStatus::Pending
+                } else {
+                    let message = format!(
+                        "node {node_id} went offline during attempt {attempt}; no attempts left (limit {max_attempts})"
+                    );
+                    sqlx::query(give_up)
+                        .bind(&task_id)
+                        .bind(to_db(now_ms))
+                        .bind(message)
+                        .execute(&mut *tx)
+                        .await?;
+                    TaskStatus::Failed
+                };
+                lost.push(LostTask { task_id, attempt, status });
+            }
+            tx.commit().await?;
+            Ok::<Vec<LostTask>, sqlx::Error>(lost)
+        })?;
+        Ok(lost)
+    }
+
+    /// Cancels a pending task at once, or marks a running one so the caller
+    /// sends its node a `Cancel`.
+    pub async fn request_cancel(
+        &self,
+        task_id: &str,
+        now_ms: u64,
+    ) -> Result<CancelOutcome, StoreError> {
+        let cancel_pending =
+            "UPDATE tasks SET state = 'cancelled', updated_ms = $2, cancel_requested = 1 \
+                              WHERE id = $1 AND state = 'pending'";
+        let mark_running = "UPDATE tasks SET cancel_requested = 1, updated_ms = $2 \
+                            WHERE id = $1 AND state IN ('assigned', 'running')";
+        let select = "SELECT state, node_id, attempt FROM tasks WHERE id = $1";
+        // The node gets a Cancel instead; re-sending the assignment could only
+        // start work that is to be stopped.
+        let clear_outbox = "DELETE FROM outbox WHERE task_id = $1";
+        let outcome = with_pool!(self, pool => {
+            let mut tx = pool.begin().await?;
+            let cancelled = sqlx::query(cancel_pending)
+                .bind(task_id)
+                .bind(to_db(now_ms))
+                .execute(&mut *tx)
+                .await?
+                .rows_affected();
+            if cancelled == 1 {
+                sqlx::query(clear_outbox).bind(task_id).execute(&mut *tx).await?;
+                tx.commit().await?;
+                return Ok(CancelOutcome::Cancelled);
+            }
+            let marked = sqlx::query(mark_running)
+                .bind(task_id)
+                .bind(to_db(now_ms))
+                .execute(&mut *tx)
+                .await?
+                .rows_affected();
+            if marked == 1 {
+                sqlx::query(clear_outbox).bind(task_id).execute(&mut *tx).await?;
+            }
+            let row: Option<(String, Option<String>, i64)> =
+                sqlx::query_as(select).bind(task_id).fetch_optional(&mut *tx).await?;
+            tx.commit().await?;
+            let Some((state, node_id, attempt)) = row else {
+                return Ok(CancelOutcome::NotFound);
+            };
+            let status = TaskStatus::from_str(&state).map_err(|e| corrupt("tasks.state", e))?;
+            match (marked, node_id) {
+                (1, Some(node_id)) => Ok(CancelOutcome::SendCancel {
+                    node_id,
+                    attempt: u32::try_from(attempt).unwrap_or(0),
+                }),
+                // In flight with no local node: forwarded to another site.
+                (1, None) => Ok(CancelOutcome::Forwarded),
+                _ => Ok::<CancelOutcome, StoreError>(CancelOutcome::AlreadyEnded(status)),
+            }
+        })?;
+        Ok(outcome)
+    }
+}
