@@ -2,11 +2,7 @@
 //! checked on their own and against their source, bound to submissions, and
 //! packages parsed and written. No OpenCL device is involved.
 
-#![allow(clippy::unwrap_used, clippy::expect_used)]
-
-mod common;
-
-use common::{arg, spec, tiled_matmul_args};
+use crate::common::{arg, spec, tiled_matmul_args};
 use proptest::prelude::*;
 use starling_opencl::expr::Expr;
 use starling_opencl::package::{FORMAT, MAX_PACKAGE_BYTES, MAX_SOURCE_BYTES};

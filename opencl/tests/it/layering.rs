@@ -9,8 +9,6 @@
 //! dependency) or a runtime module, or when the imports between modules form a
 //! cycle. It runs with and without default features.
 
-#![allow(clippy::unwrap_used, clippy::expect_used)]
-
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 

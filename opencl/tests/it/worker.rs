@@ -1,15 +1,12 @@
 //! The worker process through its agent-side client, on the machine's real
 //! OpenCL (PoCL in CI).
-#![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-mod common;
-
-use common::{arg, saxpy_spec, spec, SAXPY};
+use crate::common::{arg, saxpy_spec, spec, SAXPY};
 use starling_opencl::exec::{RunError, RunRequest};
 use starling_opencl::worker::WorkerClient;
 use starling_opencl::{ArgKind, ScalarType};

@@ -2,11 +2,8 @@
 //!
 //! `exec::run` serialises OpenCL use itself (PoCL has crashed when two threads
 //! initialise it at once), so these tests may run in parallel threads.
-#![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
-
-use common::{arg, saxpy_spec, tiled_matmul_args, SAXPY};
+use crate::common::{arg, saxpy_spec, tiled_matmul_args, SAXPY};
 use starling_opencl::exec::{self, RunError, RunRequest};
 use starling_opencl::{ArgKind, DeviceType, KernelSpec, ScalarType};
 
