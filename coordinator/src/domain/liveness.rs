@@ -151,13 +151,16 @@ mod tests {
             .is_empty());
         assert!(!detector.watches("e"), "forgotten while cut off");
         // Back at 10 s: the node gets a full timeout from the reconnection.
-        assert!(detector
-            .check(seen(12_000, Some(10_000), &[], &[("e", false)]))
-            .is_empty());
-        assert_eq!(
-            detector.check(seen(15_000, Some(10_000), &[], &[("e", false)])),
-            ["e"]
-        );
+        let e_absent = |now_ms| seen(now_ms, Some(10_000), &[], &[("e", false)]);
+        assert!(detector.check(e_absent(10_000)).is_empty());
+        assert!(detector.check(e_absent(14_999)).is_empty());
+        assert_eq!(detector.check(e_absent(15_000)), ["e"]);
+        // Noticed only later than the reconnection: counted from then.
+        let mut late = Detector::default();
+        let g_absent = |now_ms| seen(now_ms, Some(10_000), &[], &[("g", false)]);
+        assert!(late.check(g_absent(12_000)).is_empty());
+        assert!(late.check(g_absent(16_999)).is_empty());
+        assert_eq!(late.check(g_absent(17_000)), ["g"]);
     }
 
     #[test]
