@@ -152,8 +152,6 @@ pub(crate) struct Shared {
     pub(crate) max_attempts: u32,
     /// Silence after which a node is suspected (see `liveness`), in ms.
     pub(crate) node_timeout_ms: u64,
-    /// The first wait before an unacknowledged assignment is sent again.
-    pub(crate) resend_interval: std::time::Duration,
     /// Signs every assignment sent.
     pub(crate) signer: signing::Signer,
     pub(crate) max_artifact_bytes: usize,
@@ -170,6 +168,8 @@ pub(crate) struct Shared {
     pub(crate) counters: Arc<Counters>,
     /// Membership of a federation of sites, when `--site` is set.
     pub(crate) federation: Option<Arc<federation::Federation>>,
+    /// Sends assignments and cancels (the handle the loops get too).
+    pub(crate) publisher: mqtt::publish::Publisher,
 }
 
 /// Counters exported on `GET /metrics`.
@@ -205,6 +205,15 @@ impl Shared {
     /// to verify assignments.
     pub(crate) fn coordinator_key(&self) -> String {
         self.signer.public_key_hex()
+    }
+
+    /// Where cluster snapshots are read from (scheduler, site digest).
+    pub(crate) fn view_source(&self) -> loops::cluster_view::ViewSource {
+        loops::cluster_view::ViewSource {
+            registry: self.registry.clone(),
+            store: self.store.clone(),
+            node_timeout_ms: self.node_timeout_ms,
+        }
     }
 
     /// Writes the registry (see [`NodeRegistry::read`] on poisoning).
@@ -554,6 +563,16 @@ pub async fn start(config: CoordinatorConfig) -> Result<Running, StartError> {
         None => None,
     };
 
+    let counters = Arc::new(Counters::default());
+    let publisher = mqtt::publish::Publisher {
+        mqtt: mqtt.clone(),
+        topics: topics.clone(),
+        signer: signer.clone(),
+        store: store.clone(),
+        public_url: public_url.clone(),
+        resend_interval: config.resend_interval,
+        counters: counters.clone(),
+    };
     let shared = Arc::new(Shared {
         store,
         registry: Arc::new(NodeRegistry::new()),
@@ -563,7 +582,6 @@ pub async fn start(config: CoordinatorConfig) -> Result<Running, StartError> {
         policy_name: policy.name().to_string(),
         max_attempts: config.max_attempts.max(1),
         node_timeout_ms: u64::try_from(config.node_timeout.as_millis()).unwrap_or(u64::MAX),
-        resend_interval: config.resend_interval,
         signer,
         max_artifact_bytes: config.max_artifact_bytes,
         api_token: config.api_token.clone(),
@@ -571,8 +589,9 @@ pub async fn start(config: CoordinatorConfig) -> Result<Running, StartError> {
         mosquitto,
         wake_scheduler: Arc::new(Notify::new()),
         broker_up_since_ms: Arc::new(std::sync::atomic::AtomicU64::new(task::unix_now_ms())),
-        counters: Arc::new(Counters::default()),
+        counters,
         federation: federation.clone(),
+        publisher,
     });
     let (stop, stop_rx) = watch::channel(false);
     let (messages_tx, messages_rx) = tokio::sync::mpsc::channel(1024);
@@ -589,12 +608,22 @@ pub async fn start(config: CoordinatorConfig) -> Result<Running, StartError> {
             messages_rx,
         )),
         tokio::spawn(loops::scheduler::run(
-            shared.clone(),
+            loops::scheduler::Scheduler {
+                views: shared.view_source(),
+                publisher: shared.publisher.clone(),
+                federation: shared.federation.clone(),
+                wake: shared.wake_scheduler.clone(),
+            },
             policy,
             config.schedule_interval,
             stop_rx.clone(),
         )),
-        tokio::spawn(loops::outbox::run(shared.clone(), stop_rx.clone())),
+        tokio::spawn(loops::outbox::run(
+            loops::outbox::Outbox {
+                publisher: shared.publisher.clone(),
+            },
+            stop_rx.clone(),
+        )),
         tokio::spawn(loops::liveness::run(
             loops::liveness::Liveness {
                 registry: shared.registry.clone(),

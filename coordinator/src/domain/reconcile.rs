@@ -461,13 +461,22 @@ mod tests {
                 row.name
             );
             if let Some(update) = got.update() {
-                assert_eq!(update.status == TaskStatus::Pending, matches!(got, Reconciliation::Requeue(_)), "{}", row.name);
+                assert_eq!(
+                    update.status == TaskStatus::Pending,
+                    matches!(got, Reconciliation::Requeue(_)),
+                    "{}",
+                    row.name
+                );
             }
         }
     }
 
     /// Every combination of stored state and event, beyond the table.
-    fn every_case() -> Vec<(TaskFacts<'static>, Option<&'static str>, EventFacts<'static>)> {
+    fn every_case() -> Vec<(
+        TaskFacts<'static>,
+        Option<&'static str>,
+        EventFacts<'static>,
+    )> {
         let states = [Accepted, Running, Succeeded, Failed, Cancelled, Rejected];
         let reasons = [None, Some(AgentBusy), Some(Trap)];
         let nodes = [None, Some("n1"), Some("n2")];
@@ -529,7 +538,10 @@ mod tests {
             assert!(current || waiting, "{task:?} {event:?} gave {got:?}");
             // A requeue only while attempts remain; an ended attempt finishes.
             if update.status == TaskStatus::Pending {
-                assert!(event.attempt < MAX && !task.cancel_requested, "{task:?} {event:?}");
+                assert!(
+                    event.attempt < MAX && !task.cancel_requested,
+                    "{task:?} {event:?}"
+                );
             }
             assert_eq!(
                 update.attempt_ended,

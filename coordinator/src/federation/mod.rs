@@ -159,7 +159,9 @@ async fn digest(
         .pending_tasks(crate::loops::cluster_view::QUEUE_WINDOW)
         .await
         .map_err(|error| error.to_string())?;
-    let snapshot = crate::loops::cluster_view::snapshot(shared, pending)
+    let snapshot = shared
+        .view_source()
+        .snapshot(pending)
         .await
         .map_err(|error| error.to_string())?;
     let artifacts: Vec<starling_proto::Digest> = shared

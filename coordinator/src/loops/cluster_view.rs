@@ -6,9 +6,11 @@
 use starling_placement::{ClusterView, Constraints, Demand, NodeView, PendingTask, TaskClass};
 use starling_proto::NodeId;
 
-use crate::store::{StoreError, TaskRecord};
+use std::sync::Arc;
+
+use crate::registry::{NodeRegistry, Registry};
+use crate::store::{Store, StoreError, TaskRecord};
 use crate::task::{unix_now_ms, TaskKind, TaskStatus};
-use crate::Shared;
 
 /// Most pending tasks handed to the policy in one round.
 pub(crate) const QUEUE_WINDOW: u32 = 256;
@@ -60,8 +62,11 @@ pub(crate) struct ViewNode {
 }
 
 /// Builds the cluster view from the registry, in node-id order.
-fn cluster_view(shared: &Shared, now_ms: u64) -> (ClusterView, Vec<ViewNode>) {
-    let registry = shared.registry();
+pub(crate) fn cluster_view(
+    registry: &Registry,
+    node_timeout_ms: u64,
+    now_ms: u64,
+) -> (ClusterView, Vec<ViewNode>) {
     let mut ids = Vec::with_capacity(registry.len());
     let mut nodes = Vec::with_capacity(registry.len());
     for entry in registry.nodes() {
@@ -72,7 +77,7 @@ fn cluster_view(shared: &Shared, now_ms: u64) -> (ClusterView, Vec<ViewNode>) {
         // A node silent for too long is not offered work even if its last
         // status said online: agents report telemetry every second, and a
         // broker that lost its session state may never deliver a last will.
-        let heard_recently = now_ms.saturating_sub(entry.last_seen_ms) < shared.node_timeout_ms;
+        let heard_recently = now_ms.saturating_sub(entry.last_seen_ms) < node_timeout_ms;
         nodes.push(NodeView::from_reports(
             &entry.capability,
             entry.telemetry.as_ref(),
@@ -87,6 +92,7 @@ fn cluster_view(shared: &Shared, now_ms: u64) -> (ClusterView, Vec<ViewNode>) {
 pub(crate) struct Snapshot {
     /// The cluster view.
     pub(crate) view: ClusterView,
+    /// Its nodes' ids, in view order.
     pub(crate) ids: Vec<ViewNode>,
     /// The pending tasks, in queue order.
     pub(crate) pending: Vec<TaskRecord>,
@@ -94,18 +100,41 @@ pub(crate) struct Snapshot {
     pub(crate) queue: Vec<PendingTask>,
 }
 
-/// The view the policy and the site digest are computed from.
-pub(crate) async fn snapshot(
-    shared: &Shared,
+/// Where snapshots are read from: the registry and the store, with the
+/// silence after which a node is not offered work.
+#[derive(Clone)]
+pub(crate) struct ViewSource {
+    /// The nodes as reported.
+    pub(crate) registry: Arc<NodeRegistry>,
+    /// Pending and in-flight tasks.
+    pub(crate) store: Store,
+    /// Silence after which a node is suspected, ms.
+    pub(crate) node_timeout_ms: u64,
+}
+
+impl ViewSource {
+    /// The view the policy and the site digest are computed from.
+    pub(crate) async fn snapshot(&self, pending: Vec<TaskRecord>) -> Result<Snapshot, StoreError> {
+        let now_ms = unix_now_ms();
+        let (view, ids) = cluster_view(&self.registry.read(), self.node_timeout_ms, now_ms);
+        let in_flight = self.store.in_flight_tasks(IN_FLIGHT_WINDOW).await?;
+        Ok(assemble(view, ids, &in_flight, pending))
+    }
+}
+
+/// The snapshot from a view of the nodes, the work in flight and the pending
+/// queue, with work already out on nodes committed to them.
+pub(crate) fn assemble(
+    mut view: ClusterView,
+    ids: Vec<ViewNode>,
+    in_flight: &[TaskRecord],
     pending: Vec<TaskRecord>,
-) -> Result<Snapshot, StoreError> {
-    let now_ms = unix_now_ms();
-    let (mut view, ids) = cluster_view(shared, now_ms);
+) -> Snapshot {
     // Work already out on nodes occupies them; the view must say so. A node's
     // telemetry already counts the work it reported after the task's last
     // change (its load and task counts), so only work newer than the node's
     // latest telemetry is added here, lest it count twice.
-    for record in shared.store.in_flight_tasks(IN_FLIGHT_WINDOW).await? {
+    for record in in_flight {
         let Some(node) = record.node_id.as_deref() else {
             continue;
         };
@@ -121,7 +150,7 @@ pub(crate) async fn snapshot(
         if record.status == TaskStatus::Running && reported {
             continue;
         }
-        let task = pending_task(u64::MAX, &record);
+        let task = pending_task(u64::MAX, record);
         view.commit(index, &task, record.power_level.unwrap_or(0));
     }
     let queue = pending
@@ -129,10 +158,10 @@ pub(crate) async fn snapshot(
         .enumerate()
         .map(|(index, record)| pending_task(index as u64, record))
         .collect();
-    Ok(Snapshot {
+    Snapshot {
         view,
         ids,
         pending,
         queue,
-    })
+    }
 }

@@ -14,29 +14,35 @@
 //! the same due row twice; a duplicate would be harmless anyway, since an
 //! agent answers an attempt it knows with that attempt's last event.
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::sync::watch;
 
-use crate::mqtt::publish::send_assignment;
+use crate::mqtt::publish::Publisher;
 use crate::store::StoreError;
 use crate::task::{unix_now_ms, TaskStatus};
-use crate::{Counters, Shared};
+use crate::Counters;
 
 /// Most due rows handled in one pass of the loop.
 const BATCH: u32 = 256;
 
+/// What the re-send loop uses: the publisher (which holds the store and the
+/// first re-send interval) and nothing else.
+pub(crate) struct Outbox {
+    /// Claims and sends assignments.
+    pub(crate) publisher: Publisher,
+}
+
 /// Re-sends due outbox rows until told to stop.
-pub(crate) async fn run(shared: Arc<Shared>, mut stop: watch::Receiver<bool>) {
+pub(crate) async fn run(outbox: Outbox, mut stop: watch::Receiver<bool>) {
     // Often enough that a row is re-sent close to its due time, rarely enough
     // that an idle coordinator barely touches the database.
-    let tick =
-        (shared.resend_interval / 5).clamp(Duration::from_millis(100), Duration::from_secs(1));
+    let tick = (outbox.publisher.resend_interval / 5)
+        .clamp(Duration::from_millis(100), Duration::from_secs(1));
     // What an earlier run sent and never saw acknowledged is due at once: its
     // node may have missed it while this coordinator was down, and a crash
     // between claiming a send and publishing it leaves a row that says sent.
-    match shared.store.outbox_due_by(unix_now_ms()).await {
+    match outbox.publisher.store.outbox_due_by(unix_now_ms()).await {
         Ok(0) => {}
         Ok(rows) => tracing::info!(
             rows,
@@ -47,7 +53,7 @@ pub(crate) async fn run(shared: Arc<Shared>, mut stop: watch::Receiver<bool>) {
         }
     }
     loop {
-        if let Err(error) = resend_due(&shared).await {
+        if let Err(error) = outbox.resend_due().await {
             tracing::warn!(%error, "cannot re-send unacknowledged assignments; retrying");
         }
         tokio::select! {
@@ -57,37 +63,41 @@ pub(crate) async fn run(shared: Arc<Shared>, mut stop: watch::Receiver<bool>) {
     }
 }
 
-/// One pass: every due row whose task still waits on that attempt is claimed
-/// and sent; rows whose task moved on are dropped.
-pub(crate) async fn resend_due(shared: &Shared) -> Result<usize, StoreError> {
-    let now_ms = unix_now_ms();
-    let mut sent = 0;
-    for entry in shared.store.due_outbox(now_ms, BATCH).await? {
-        let task = shared.store.task(&entry.task_id).await?;
-        let Some(task) = task.filter(|task| {
-            task.attempt == entry.attempt
-                && task.node_id.as_deref() == Some(entry.node_id.as_str())
-                && matches!(task.status, TaskStatus::Assigned | TaskStatus::Running)
-        }) else {
-            shared
-                .store
-                .drop_outbox(&entry.task_id, entry.attempt)
-                .await?;
-            continue;
-        };
-        if send_assignment(shared, &entry, &task, now_ms).await? {
-            if entry.sends > 0 {
-                Counters::increment(&shared.counters.assignments_resent);
-                tracing::info!(
-                    task = %entry.task_id,
-                    attempt = entry.attempt,
-                    node = %entry.node_id,
-                    sends = entry.sends + 1,
-                    "assignment not acknowledged; sent again"
-                );
+impl Outbox {
+    /// One pass: every due row whose task still waits on that attempt is
+    /// claimed and sent; rows whose task moved on are dropped.
+    pub(crate) async fn resend_due(&self) -> Result<usize, StoreError> {
+        let store = &self.publisher.store;
+        let now_ms = unix_now_ms();
+        let mut sent = 0;
+        for entry in store.due_outbox(now_ms, BATCH).await? {
+            let task = store.task(&entry.task_id).await?;
+            let Some(task) = task.filter(|task| {
+                task.attempt == entry.attempt
+                    && task.node_id.as_deref() == Some(entry.node_id.as_str())
+                    && matches!(task.status, TaskStatus::Assigned | TaskStatus::Running)
+            }) else {
+                store.drop_outbox(&entry.task_id, entry.attempt).await?;
+                continue;
+            };
+            if self
+                .publisher
+                .send_assignment(&entry, &task, now_ms)
+                .await?
+            {
+                if entry.sends > 0 {
+                    Counters::increment(&self.publisher.counters.assignments_resent);
+                    tracing::info!(
+                        task = %entry.task_id,
+                        attempt = entry.attempt,
+                        node = %entry.node_id,
+                        sends = entry.sends + 1,
+                        "assignment not acknowledged; sent again"
+                    );
+                }
+                sent += 1;
             }
-            sent += 1;
         }
+        Ok(sent)
     }
-    Ok(sent)
 }

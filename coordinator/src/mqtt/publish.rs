@@ -2,12 +2,38 @@
 //! message it handles (those are in `ingest`): assignments, signed at each
 //! send and claimed in the outbox first, and cancels.
 
-use rumqttc::QoS;
-use starling_proto::{encode, Assignment, Cancel, Channel, NodeId, TaskId, PROTOCOL_VERSION};
+use std::sync::Arc;
+use std::time::Duration;
+
+use rumqttc::{AsyncClient, QoS};
+use starling_proto::{
+    encode, Assignment, Cancel, Channel, NodeId, TaskId, Topics, PROTOCOL_VERSION,
+};
 
 use crate::domain::delivery::backoff;
-use crate::store::{OutboxEntry, StoreError, TaskRecord};
-use crate::{Counters, Shared};
+use crate::signing::Signer;
+use crate::store::{OutboxEntry, Store, StoreError, TaskRecord};
+use crate::Counters;
+
+/// The one sender of assignments and cancels: what the scheduler, the outbox
+/// and the REST API's cancel use to reach a node, and nothing more.
+#[derive(Clone)]
+pub(crate) struct Publisher {
+    /// The coordinator's MQTT client (publishing only; ingest polls it).
+    pub(crate) mqtt: AsyncClient,
+    /// The topic names under this coordinator's prefix.
+    pub(crate) topics: Topics,
+    /// Signs every assignment sent.
+    pub(crate) signer: Signer,
+    /// Where sends are claimed and publisher signatures read.
+    pub(crate) store: Store,
+    /// Where agents fetch artifacts.
+    pub(crate) public_url: String,
+    /// The first wait before an unacknowledged assignment is sent again.
+    pub(crate) resend_interval: Duration,
+    /// `starling_assignments_published_total`.
+    pub(crate) counters: Arc<Counters>,
+}
 
 /// Why a cancel could not be published.
 #[derive(Debug, thiserror::Error)]
@@ -27,63 +53,88 @@ fn to_ms(duration: std::time::Duration) -> u64 {
     u64::try_from(duration.as_millis()).unwrap_or(u64::MAX)
 }
 
-/// Claims the send of `entry` (as read) and publishes the assignment of
-/// `task`'s attempt, freshly signed. Returns whether this call sent it.
-pub(crate) async fn send_assignment(
-    shared: &Shared,
-    entry: &OutboxEntry,
-    task: &TaskRecord,
-    now_ms: u64,
-) -> Result<bool, StoreError> {
-    let Ok(node) = NodeId::new(&entry.node_id) else {
-        // Node ids are checked when nodes register, so the store cannot hold
-        // a bad one unless it was edited by hand; drop the row, keep going.
-        tracing::error!(node = %entry.node_id, "outbox row for an invalid node id dropped");
-        shared
-            .store
-            .drop_outbox(&entry.task_id, entry.attempt)
-            .await?;
-        return Ok(false);
-    };
-    let next_ms = now_ms.saturating_add(to_ms(backoff(shared.resend_interval, entry.sends)));
-    if !shared.store.claim_outbox_send(entry, next_ms).await? {
-        return Ok(false);
-    }
-    let power_level = task.power_level.unwrap_or(0);
-    // Read at each send, so a signature added after submission reaches
-    // the next (re)send.
-    let publisher = shared.store.artifact_publisher(&task.spec.artifact).await?;
-    let bytes = match assignment(task, &node, entry.attempt, power_level, &shared.public_url)
-        .and_then(|mut assignment| {
-            assignment.publisher = publisher;
-            shared
-                .signer
-                .sign(&mut assignment, &node, now_ms)
-                .map_err(|e| e.to_string())?;
-            encode(&assignment).map_err(|e| e.to_string())
-        }) {
-        Ok(bytes) => bytes,
-        Err(detail) => {
-            // The submission was checked against these bounds, so this only
-            // happens with a misconfigured public URL.
-            tracing::error!(task = %entry.task_id, %detail, "cannot build the assignment");
+impl Publisher {
+    /// Claims the send of `entry` (as read) and publishes the assignment of
+    /// `task`'s attempt, freshly signed. Returns whether this call sent it.
+    pub(crate) async fn send_assignment(
+        &self,
+        entry: &OutboxEntry,
+        task: &TaskRecord,
+        now_ms: u64,
+    ) -> Result<bool, StoreError> {
+        let Ok(node) = NodeId::new(&entry.node_id) else {
+            // Node ids are checked when nodes register, so the store cannot hold
+            // a bad one unless it was edited by hand; drop the row, keep going.
+            tracing::error!(node = %entry.node_id, "outbox row for an invalid node id dropped");
+            self.store
+                .drop_outbox(&entry.task_id, entry.attempt)
+                .await?;
+            return Ok(false);
+        };
+        let next_ms = now_ms.saturating_add(to_ms(backoff(self.resend_interval, entry.sends)));
+        if !self.store.claim_outbox_send(entry, next_ms).await? {
             return Ok(false);
         }
-    };
-    let topic = shared.topics.node(&node, Channel::Assign);
-    // Not the task that polls the MQTT event loop, so waiting for room in the
-    // request queue cannot deadlock.
-    if let Err(error) = shared
-        .mqtt
-        .publish(topic, QoS::AtLeastOnce, false, bytes)
-        .await
-    {
-        // The row stays; the next due time sends it again.
-        tracing::warn!(task = %entry.task_id, %error, "cannot publish the assignment");
-        return Ok(false);
+        let power_level = task.power_level.unwrap_or(0);
+        // Read at each send, so a signature added after submission reaches
+        // the next (re)send.
+        let publisher = self.store.artifact_publisher(&task.spec.artifact).await?;
+        let bytes = match assignment(task, &node, entry.attempt, power_level, &self.public_url)
+            .and_then(|mut assignment| {
+                assignment.publisher = publisher;
+                self.signer
+                    .sign(&mut assignment, &node, now_ms)
+                    .map_err(|e| e.to_string())?;
+                encode(&assignment).map_err(|e| e.to_string())
+            }) {
+            Ok(bytes) => bytes,
+            Err(detail) => {
+                // The submission was checked against these bounds, so this only
+                // happens with a misconfigured public URL.
+                tracing::error!(task = %entry.task_id, %detail, "cannot build the assignment");
+                return Ok(false);
+            }
+        };
+        let topic = self.topics.node(&node, Channel::Assign);
+        // Not the task that polls the MQTT event loop, so waiting for room in the
+        // request queue cannot deadlock.
+        if let Err(error) = self
+            .mqtt
+            .publish(topic, QoS::AtLeastOnce, false, bytes)
+            .await
+        {
+            // The row stays; the next due time sends it again.
+            tracing::warn!(task = %entry.task_id, %error, "cannot publish the assignment");
+            return Ok(false);
+        }
+        Counters::increment(&self.counters.assignments_published);
+        Ok(true)
     }
-    Counters::increment(&shared.counters.assignments_published);
-    Ok(true)
+
+    /// Asks `node_id` to stop `attempt` of `task_id`.
+    pub(crate) async fn send_cancel(
+        &self,
+        task_id: &str,
+        node_id: &str,
+        attempt: u32,
+    ) -> Result<(), PublishError> {
+        let node = NodeId::new(node_id).map_err(PublishError::from)?;
+        let cancel = Cancel {
+            v: PROTOCOL_VERSION,
+            task_id: TaskId::new(task_id).map_err(PublishError::from)?,
+            attempt,
+        };
+        let bytes = encode(&cancel).map_err(PublishError::from)?;
+        self.mqtt
+            .publish(
+                self.topics.node(&node, Channel::Cancel),
+                QoS::AtLeastOnce,
+                false,
+                bytes,
+            )
+            .await
+            .map_err(PublishError::from)
+    }
 }
 
 /// The assignment for one attempt of a stored task to `node`, unsigned
@@ -135,30 +186,4 @@ pub fn assignment(
 
 fn heapless_string<const N: usize>(text: &str) -> Option<heapless::String<N>> {
     heapless::String::try_from(text).ok()
-}
-
-/// Asks `node_id` to stop `attempt` of `task_id`.
-pub(crate) async fn send_cancel(
-    shared: &Shared,
-    task_id: &str,
-    node_id: &str,
-    attempt: u32,
-) -> Result<(), PublishError> {
-    let node = NodeId::new(node_id).map_err(PublishError::from)?;
-    let cancel = Cancel {
-        v: PROTOCOL_VERSION,
-        task_id: TaskId::new(task_id).map_err(PublishError::from)?,
-        attempt,
-    };
-    let bytes = encode(&cancel).map_err(PublishError::from)?;
-    shared
-        .mqtt
-        .publish(
-            shared.topics.node(&node, Channel::Cancel),
-            QoS::AtLeastOnce,
-            false,
-            bytes,
-        )
-        .await
-        .map_err(PublishError::from)
 }

@@ -1,5 +1,5 @@
 //! The `events` and `attempts` tables: agents' events, recorded once and
-//! applied to their task as [`crate::domain::reconcile`] decides, and each
+//! applied to their task as [`crate::domain::reconcile()`] decides, and each
 //! task's history.
 
 use serde::{Deserialize, Serialize};
@@ -161,7 +161,7 @@ impl Store {
     /// `agent_busy` puts the task back in the queue while attempts remain
     /// (`max_attempts`). States only move forward: a task that ended stays ended.
     ///
-    /// These rules are [`crate::domain::reconcile`]'s; this reads the rows it
+    /// These rules are [`crate::domain::reconcile()`]'s; this reads the rows it
     /// looks at and applies its answer in one transaction.
     pub async fn record_event(
         &self,

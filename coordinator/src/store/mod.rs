@@ -13,7 +13,7 @@
 //! placement, requeue, cancel), `events` (agents' events, attempts), `outbox`
 //! (unacknowledged assignments), `artifacts`, `keys` (the coordinator key).
 //! What an event does to its task is decided by the pure
-//! [`crate::domain::reconcile`]; `events` only reads and writes the rows.
+//! [`crate::domain::reconcile()`]; `events` only reads and writes the rows.
 
 use std::str::FromStr;
 use std::time::Duration;

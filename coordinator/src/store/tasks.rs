@@ -4,11 +4,12 @@
 
 use std::str::FromStr;
 
+use starling_proto::{Digest, Runtime};
+
 use super::{
     corrupt, from_db, to_db, with_pool, Backend, Store, StoreError, TaskRow, TASK_COLUMNS,
 };
 use crate::task::{TaskDemand, TaskKind, TaskLimits, TaskStatus};
-use starling_proto::{Digest, Runtime};
 
 /// A task as submitted, before the coordinator stores it.
 #[derive(Debug, Clone, PartialEq)]

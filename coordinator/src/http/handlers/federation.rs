@@ -288,7 +288,10 @@ pub(crate) async fn cancel_forward(
         .request_cancel(&record.spec.id, unix_now_ms())
         .await?
     {
-        crate::mqtt::publish::send_cancel(&shared, &record.spec.id, &node_id, attempt).await?;
+        shared
+            .publisher
+            .send_cancel(&record.spec.id, &node_id, attempt)
+            .await?;
     }
     forward_status(State(shared), Path((site, task))).await
 }

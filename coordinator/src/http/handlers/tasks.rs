@@ -18,7 +18,6 @@ use starling_proto::Runtime;
 use super::super::error::HttpError;
 use super::super::{DEFAULT_LIST_LIMIT, MAX_LIST_LIMIT};
 use super::artifacts::parse_digest;
-use crate::mqtt::publish::send_cancel;
 use crate::store::{CancelOutcome, NewTask, TaskRecord};
 use crate::task::unix_now_ms;
 use crate::Shared;
@@ -371,7 +370,7 @@ pub(crate) async fn cancel_task(
     let status = match shared.store.request_cancel(&id, unix_now_ms()).await? {
         CancelOutcome::Cancelled => StatusCode::OK,
         CancelOutcome::SendCancel { node_id, attempt } => {
-            send_cancel(&shared, &id, &node_id, attempt).await?;
+            shared.publisher.send_cancel(&id, &node_id, attempt).await?;
             StatusCode::ACCEPTED
         }
         CancelOutcome::Forwarded => {
