@@ -12,7 +12,7 @@ use serde::{Deserialize, Serialize};
 
 use starling_proto::{GpuKind, Runtime};
 
-use crate::model::{NodeLoad, NodeView, PendingTask, TaskClass, REFERENCE_IO_MBPS};
+use crate::model::{ClusterView, NodeLoad, NodeView, PendingTask, TaskClass, REFERENCE_IO_MBPS};
 
 /// Share of an I/O-bound task's reference time spent waiting on storage; the rest
 /// is CPU work. Storage does not speed up with the CPU's power level.
@@ -349,6 +349,56 @@ impl FilterTally {
             .map(|(count, reason)| format!("{count} × {reason}"))
             .collect::<Vec<_>>()
             .join(", ")
+    }
+}
+
+/// Accounting a placement is an estimate of what it will cost the node, so
+/// it lives here beside the other estimates; the model stays plain data.
+impl NodeLoad {
+    /// Accounts one task placed on `node` at `power_level` finishing at `finish_ms`.
+    pub fn commit(
+        &mut self,
+        node: &NodeView,
+        task: &PendingTask,
+        power_level: u8,
+        now_ms: f64,
+        finish_ms: f64,
+    ) {
+        let lanes = lanes(node, task);
+        self.free_cpu_cores = (self.free_cpu_cores - f64::from(task.demand.cpu_cores)).max(0.0);
+        self.free_memory_bytes = self
+            .free_memory_bytes
+            .saturating_sub(task.demand.memory_bytes);
+        self.free_io_mbps = (self.free_io_mbps - f64::from(task.demand.io_mbps)).max(0.0);
+        self.queued_tasks = self.queued_tasks.saturating_add(1);
+        let run_s = execution_s(node, task, power_level);
+        if runs_on_gpu(node, task) {
+            self.backlog_gpu_s += run_s;
+        } else {
+            self.backlog_cpu_s += run_s * f64::from(lanes);
+        }
+        if let Some(deadline) = task.deadline_ms {
+            let slack = deadline as f64 - finish_ms;
+            self.earliest_slack_ms = Some(self.earliest_slack_ms.map_or(slack, |s| s.min(slack)));
+        }
+        let _ = now_ms;
+        self.committed_joules += energy_joules(node, task, power_level);
+    }
+}
+
+impl ClusterView {
+    /// Accounts a task placed (or already running) on a node: reserves its demand,
+    /// adds its work to the node's queue. An index out of range changes nothing.
+    pub fn commit(&mut self, node: usize, task: &PendingTask, power_level: u8) {
+        let now_ms = self.now_ms as f64;
+        if let Some(view) = self.nodes.get(node) {
+            let finish_ms = finish_ms(view, &view.load, task, power_level, now_ms);
+            let mut load = view.load;
+            load.commit(view, task, power_level, now_ms, finish_ms);
+            if let Some(view) = self.nodes.get_mut(node) {
+                view.load = load;
+            }
+        }
     }
 }
 

@@ -37,8 +37,6 @@ use core::str::FromStr;
 use serde::{Deserialize, Serialize};
 use starling_proto::{Capability, GpuDevice, GpuKind, Label, NodeId, Runtime, Telemetry};
 
-use crate::estimate;
-
 /// Per-core speed of the reference node (an x86 mini PC core), by definition 1.
 pub const REFERENCE_CORE_SPEED: f64 = 1.0;
 /// Storage rate of the reference node, MB/s (a SATA SSD in an x86 mini PC).
@@ -637,36 +635,6 @@ impl NodeLoad {
             energy_headroom,
         }
     }
-
-    /// Accounts one task placed on `node` at `power_level` finishing at `finish_ms`.
-    pub fn commit(
-        &mut self,
-        node: &NodeView,
-        task: &PendingTask,
-        power_level: u8,
-        now_ms: f64,
-        finish_ms: f64,
-    ) {
-        let lanes = estimate::lanes(node, task);
-        self.free_cpu_cores = (self.free_cpu_cores - f64::from(task.demand.cpu_cores)).max(0.0);
-        self.free_memory_bytes = self
-            .free_memory_bytes
-            .saturating_sub(task.demand.memory_bytes);
-        self.free_io_mbps = (self.free_io_mbps - f64::from(task.demand.io_mbps)).max(0.0);
-        self.queued_tasks = self.queued_tasks.saturating_add(1);
-        let run_s = estimate::execution_s(node, task, power_level);
-        if estimate::runs_on_gpu(node, task) {
-            self.backlog_gpu_s += run_s;
-        } else {
-            self.backlog_cpu_s += run_s * f64::from(lanes);
-        }
-        if let Some(deadline) = task.deadline_ms {
-            let slack = deadline as f64 - finish_ms;
-            self.earliest_slack_ms = Some(self.earliest_slack_ms.map_or(slack, |s| s.min(slack)));
-        }
-        let _ = now_ms;
-        self.committed_joules += estimate::energy_joules(node, task, power_level);
-    }
 }
 
 /// A snapshot of the cluster, as the policies see it.
@@ -679,20 +647,6 @@ pub struct ClusterView {
 }
 
 impl ClusterView {
-    /// Accounts a task placed (or already running) on a node: reserves its demand,
-    /// adds its work to the node's queue. An index out of range changes nothing.
-    pub fn commit(&mut self, node: usize, task: &PendingTask, power_level: u8) {
-        let now_ms = self.now_ms as f64;
-        if let Some(view) = self.nodes.get(node) {
-            let finish_ms = estimate::finish_ms(view, &view.load, task, power_level, now_ms);
-            let mut load = view.load;
-            load.commit(view, task, power_level, now_ms, finish_ms);
-            if let Some(view) = self.nodes.get_mut(node) {
-                view.load = load;
-            }
-        }
-    }
-
     /// A copy of every node's load, for policies that account their own placements
     /// within one round without cloning the whole view.
     pub fn loads(&self) -> Vec<NodeLoad> {

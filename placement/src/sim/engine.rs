@@ -24,7 +24,8 @@ use crate::learned::{Fate, TaskOutcome};
 use crate::model::{ClusterView, NodeLoad, PendingTask};
 use crate::policy::{Outcome, Policy};
 use crate::sim::report::PolicyRow;
-use crate::sim::sites::{Gossip, SiteTally};
+use crate::sim::sites::gossip::Gossip;
+use crate::sim::sites::report::SiteTally;
 use crate::sim::workload::Environment;
 use crate::sim::{SimConfig, Stopwatch};
 

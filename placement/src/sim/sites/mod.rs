@@ -8,8 +8,8 @@
 //! off, the very same arrivals, failures and link changes run with no
 //! forwarding.
 
-mod gossip;
-mod report;
+pub(crate) mod gossip;
+pub(crate) mod report;
 
 use serde::{Deserialize, Serialize};
 
