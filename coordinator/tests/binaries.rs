@@ -264,7 +264,10 @@ fn the_cli_explains_itself_and_reports_an_unreachable_coordinator() {
         "{help}"
     );
 
-    let usage = Command::new(cli_binary()).arg("frobnicate").output().unwrap();
+    let usage = Command::new(cli_binary())
+        .arg("frobnicate")
+        .output()
+        .unwrap();
     assert_eq!(usage.status.code(), Some(2));
 
     let port = common::free_port();
@@ -304,6 +307,8 @@ async fn cli(rest: &str, args: &[&str], stdin: &[u8]) -> std::process::Output {
 
 #[tokio::test]
 async fn starling_run_waits_and_prints_the_output() {
+    // Built (or found) before anything below is timed.
+    cli_binary();
     let dir = tempfile::tempdir().unwrap();
     let running = common::start_coordinator(dir.path(), |_| {}).await;
     let rest = running.rest_url();

@@ -11,9 +11,9 @@ use ed25519_dalek::{Signature, VerifyingKey};
 use rumqttc::{AsyncClient, QoS};
 use serde_json::{json, Value};
 use sha2::{Digest as _, Sha256};
+use starling_api::{TaskDemand, TaskKind, TaskLimits, TaskStatus};
 use starling_coordinator::signing::Signer;
 use starling_coordinator::store::{EventOutcome, NewTask, Store};
-use starling_api::{TaskDemand, TaskKind, TaskLimits, TaskStatus};
 use starling_proto::{
     decode, encode, Assignment, Cancel, Channel, Digest, EventAck, FailureReason, NodeId,
     NodeState, Runtime, TaskEvent, TaskId, TaskState, Topics,

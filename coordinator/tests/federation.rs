@@ -7,10 +7,10 @@ mod common;
 
 use reqwest::StatusCode;
 use serde_json::{json, Value};
+use starling_api::TaskStatus;
 use starling_coordinator::config::FederationConfig;
 use starling_coordinator::federation::forward_store::{RemoteResult, TakenBack};
 use starling_coordinator::federation::ClusterKey;
-use starling_api::TaskStatus;
 
 fn federation(key: &str) -> FederationConfig {
     FederationConfig {

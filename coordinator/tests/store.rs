@@ -5,8 +5,8 @@
 mod common;
 
 use sha2::{Digest as _, Sha256};
-use starling_coordinator::store::{CancelOutcome, EventOutcome, NewTask, Store};
 use starling_api::{TaskDemand, TaskKind, TaskLimits, TaskStatus};
+use starling_coordinator::store::{CancelOutcome, EventOutcome, NewTask, Store};
 use starling_proto::{Digest, FailureReason, NodeId, Runtime, TaskEvent, TaskId, TaskState};
 
 const MAX_ATTEMPTS: u32 = 3;

@@ -107,3 +107,42 @@ pub(crate) fn json_body<T>(
         )
     })
 }
+
+/// Serves the API (over HTTPS with `tls`) until `shutdown` resolves, then
+/// lets requests in flight finish.
+pub(crate) async fn serve(
+    listener: tokio::net::TcpListener,
+    router: Router,
+    tls: Option<Arc<rustls::ServerConfig>>,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    match tls {
+        None => {
+            axum::serve(listener, router)
+                .with_graceful_shutdown(shutdown)
+                .await
+        }
+        Some(tls) => serve_https(listener, router, tls, shutdown).await,
+    }
+}
+
+/// Serves the API over HTTPS until `shutdown` resolves, then lets requests
+/// in flight finish for up to five seconds.
+async fn serve_https(
+    listener: tokio::net::TcpListener,
+    router: axum::Router,
+    tls: Arc<rustls::ServerConfig>,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    let handle = axum_server::Handle::new();
+    let stopper = handle.clone();
+    tokio::spawn(async move {
+        shutdown.await;
+        stopper.graceful_shutdown(Some(std::time::Duration::from_secs(5)));
+    });
+    let config = axum_server::tls_rustls::RustlsConfig::from_config(tls);
+    axum_server::from_tcp_rustls(listener.into_std()?, config)?
+        .handle(handle)
+        .serve(router.into_make_service())
+        .await
+}

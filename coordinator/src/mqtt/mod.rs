@@ -5,6 +5,7 @@
 //! or rumqttd.
 
 pub mod broker;
+pub mod client;
 pub mod inbound;
 pub mod ingest;
 pub mod publish;

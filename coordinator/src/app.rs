@@ -1,0 +1,650 @@
+//! Starting a coordinator: the wiring. [`start`] opens the store, binds the
+//! REST listener, starts or reaches the broker, builds each part's narrow
+//! handle (the scheduler's, the outbox's, failure detection's, the
+//! publisher) and spawns them; [`Running`] is the handle of what runs.
+//! `Shared` is what the REST handlers and ingest still reach through; the
+//! loops see only their own handles.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use rumqttc::AsyncClient;
+use tokio::sync::{watch, Notify};
+use tokio::task::JoinHandle;
+
+use crate::config::CoordinatorConfig;
+use crate::mqtt::broker;
+use crate::registry::{NodeRegistry, Registry};
+use crate::store::{self, Store};
+use crate::{access, federation, http, loops, models, mqtt, server_tls, signing, task};
+use starling_net::BrokerAddress;
+
+/// Why the coordinator could not start. Each message says what to change.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    /// The REST listen address is taken or invalid.
+    #[error(
+        "cannot listen on {addr}: {reason}; pass --listen with a free port (port 0 picks one)"
+    )]
+    Listen {
+        /// The address asked for.
+        addr: SocketAddr,
+        /// The OS's words.
+        reason: String,
+    },
+    /// The embedded broker could not start.
+    #[error(transparent)]
+    Broker(#[from] broker::StartBrokerError),
+    /// The external broker URL is malformed.
+    #[error(transparent)]
+    BrokerUrl(#[from] starling_net::BrokerUrlError),
+    /// The REST API's certificate or key is unusable.
+    #[error("{0}; pass PEM files to --tls-cert and --tls-key")]
+    RestTls(#[from] server_tls::ServerTlsError),
+    /// The broker did not accept the coordinator's connection (or its TLS
+    /// settings are unusable).
+    #[error(transparent)]
+    BrokerConnect(#[from] mqtt::client::ConnectError),
+    /// The database could not be opened.
+    #[error(transparent)]
+    Database(#[from] store::OpenStoreError),
+    /// The coordinator's signing key could not be loaded or created.
+    #[error(transparent)]
+    Key(#[from] signing::KeyError),
+    /// Access control could not be set up (random bytes, the Mosquitto files).
+    #[error(transparent)]
+    Access(#[from] access::AccessError),
+    /// The MQTT login settings contradict each other.
+    #[error("{0}")]
+    MqttLogin(&'static str),
+    /// The data directory could not be created.
+    #[error(
+        "cannot create data directory {path}: {source}; pass --data-dir with a writable directory"
+    )]
+    DataDir {
+        /// The directory.
+        path: std::path::PathBuf,
+        /// The OS error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The placement policy is unknown.
+    #[error("{0}; pass --policy with one of them")]
+    Policy(#[from] starling_placement::UnknownPolicy),
+    /// A learned policy's model is unusable.
+    #[error("{0}")]
+    PolicyModel(starling_placement::PolicyError),
+    /// The model file given with --model cannot be used.
+    #[error("{0}; pass --model with a file from `starling-coordinator train`, or leave it out to run the shipped model")]
+    Model(#[from] models::ModelReadError),
+    /// The model drives another policy than --policy names.
+    #[error("model file {path} drives policy {model}, but --policy is {policy}; pass --policy {model} or a {policy} model")]
+    ModelPolicy {
+        /// The model file.
+        path: std::path::PathBuf,
+        /// The policy it drives.
+        model: &'static str,
+        /// The policy asked for.
+        policy: String,
+    },
+    /// Federation could not start.
+    #[error(transparent)]
+    Federation(#[from] federation::FederationError),
+    /// The topic prefix is invalid.
+    #[error("{0}; pass --topic-prefix like starling/v1")]
+    TopicPrefix(#[from] starling_proto::TopicError),
+    /// Artifact URLs under the public URL would not fit in an assignment.
+    #[error("public URL {url} is too long: artifact URLs under it exceed the {max}-byte limit of an assignment; pass a shorter --public-url")]
+    PublicUrl {
+        /// The public URL.
+        url: String,
+        /// The limit on a whole artifact URL.
+        max: usize,
+    },
+}
+
+/// State shared by the ingest loop, the scheduler and the REST handlers.
+pub(crate) struct Shared {
+    pub(crate) store: Store,
+    pub(crate) registry: Arc<NodeRegistry>,
+    pub(crate) topics: starling_proto::Topics,
+    pub(crate) mqtt: AsyncClient,
+    pub(crate) public_url: String,
+    pub(crate) policy_name: String,
+    pub(crate) max_attempts: u32,
+    /// Silence after which a node is suspected (see `liveness`), in ms.
+    pub(crate) node_timeout_ms: u64,
+    /// Signs every assignment sent.
+    pub(crate) signer: signing::Signer,
+    pub(crate) max_artifact_bytes: usize,
+    pub(crate) api_token: Option<String>,
+    /// Who may connect to the embedded broker; which nodes are revoked.
+    pub(crate) mqtt_access: Arc<access::MqttAccess>,
+    /// The external Mosquitto's password file and ACL, when configured.
+    pub(crate) mosquitto: Option<access::MosquittoFiles>,
+    pub(crate) wake_scheduler: Arc<Notify>,
+    /// Since when (Unix ms) the coordinator's own broker connection is up; 0
+    /// while it is down. Silence heard through a dead connection says nothing
+    /// about the nodes, so failure detection waits for it (see `liveness`).
+    pub(crate) broker_up_since_ms: Arc<std::sync::atomic::AtomicU64>,
+    pub(crate) counters: Arc<Counters>,
+    /// Membership of a federation of sites, when `--site` is set.
+    pub(crate) federation: Option<Arc<federation::Federation>>,
+    /// Sends assignments and cancels (the handle the loops get too).
+    pub(crate) publisher: mqtt::publish::Publisher,
+}
+
+/// Counters exported on `GET /metrics`.
+#[derive(Debug, Default)]
+pub(crate) struct Counters {
+    pub(crate) messages_handled: std::sync::atomic::AtomicU64,
+    pub(crate) messages_ignored: std::sync::atomic::AtomicU64,
+    pub(crate) duplicate_events: std::sync::atomic::AtomicU64,
+    pub(crate) assignments_published: std::sync::atomic::AtomicU64,
+    /// Sends of assignments past the first (unacknowledged ones re-sent).
+    pub(crate) assignments_resent: std::sync::atomic::AtomicU64,
+    /// `rejected` events: an agent refused an assignment.
+    pub(crate) assignments_rejected: std::sync::atomic::AtomicU64,
+    /// Nodes marked offline because they fell silent.
+    pub(crate) nodes_suspected: std::sync::atomic::AtomicU64,
+    /// Cancels sent for work on attempts that are no longer current.
+    pub(crate) stale_cancels: std::sync::atomic::AtomicU64,
+}
+
+impl Counters {
+    pub(crate) fn increment(counter: &std::sync::atomic::AtomicU64) {
+        counter.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+impl Shared {
+    /// Reads the registry (see [`NodeRegistry::read`]).
+    pub(crate) fn registry(&self) -> std::sync::RwLockReadGuard<'_, Registry> {
+        self.registry.read()
+    }
+
+    /// The coordinator's public key (ed25519, 64 hex digits): what agents pin
+    /// to verify assignments.
+    pub(crate) fn coordinator_key(&self) -> String {
+        self.signer.public_key_hex()
+    }
+
+    /// Where cluster snapshots are read from (scheduler, site digest).
+    pub(crate) fn view_source(&self) -> loops::cluster_view::ViewSource {
+        loops::cluster_view::ViewSource {
+            registry: self.registry.clone(),
+            store: self.store.clone(),
+            node_timeout_ms: self.node_timeout_ms,
+        }
+    }
+
+    /// Writes the registry (see [`NodeRegistry::read`] on poisoning).
+    pub(crate) fn registry_mut(&self) -> std::sync::RwLockWriteGuard<'_, Registry> {
+        self.registry.write()
+    }
+}
+
+/// A started coordinator.
+pub struct Running {
+    rest_addr: SocketAddr,
+    rest_tls: bool,
+    mqtt_url: String,
+    public_url: String,
+    embedded_broker: bool,
+    shared: Arc<Shared>,
+    stop: watch::Sender<bool>,
+    tasks: Vec<JoinHandle<()>>,
+}
+
+impl std::fmt::Debug for Running {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Running")
+            .field("rest_addr", &self.rest_addr)
+            .field("mqtt_url", &self.mqtt_url)
+            .field("public_url", &self.public_url)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Running {
+    /// The address the REST API is bound to.
+    pub fn rest_addr(&self) -> SocketAddr {
+        self.rest_addr
+    }
+
+    /// The REST API's base URL (`http://IP:PORT`, or `https://` with
+    /// `--tls-cert`), as bound.
+    pub fn rest_url(&self) -> String {
+        let scheme = if self.rest_tls { "https" } else { "http" };
+        format!("{scheme}://{}", self.rest_addr)
+    }
+
+    /// The broker's URL (`mqtt://HOST:PORT`): the embedded broker's address or the external one.
+    pub fn mqtt_url(&self) -> &str {
+        &self.mqtt_url
+    }
+
+    /// The URL agents are told to fetch artifacts from.
+    pub fn public_url(&self) -> &str {
+        &self.public_url
+    }
+
+    /// Whether the broker is the embedded one.
+    pub fn embedded_broker(&self) -> bool {
+        self.embedded_broker
+    }
+
+    /// The coordinator's public key (ed25519, 64 hex digits) that agents
+    /// verify assignments with.
+    pub fn coordinator_key(&self) -> String {
+        self.shared.coordinator_key()
+    }
+
+    /// Mints MQTT credentials for `node_id` directly in the store, replacing
+    /// any it had: for an agent this process runs itself (`starling up`),
+    /// which needs no join token.
+    pub async fn mint_node_credentials(
+        &self,
+        node_id: &str,
+    ) -> Result<starling_api::NodeCredentials, access::AccessError> {
+        access::mint_credentials(&self.shared, node_id).await
+    }
+
+    /// The store, for tools that run beside the coordinator.
+    pub fn store(&self) -> &Store {
+        &self.shared.store
+    }
+
+    /// The one line `serve` prints when ready; tests parse it.
+    pub fn ready_line(&self) -> String {
+        let mut line = format!(
+            "starling-coordinator ready rest={} mqtt={}",
+            self.rest_url(),
+            self.mqtt_url
+        );
+        if let Some(federation) = &self.shared.federation {
+            line.push_str(&format!(
+                " site={} gossip={}",
+                federation.site,
+                federation.gossip.local_addr()
+            ));
+        }
+        line
+    }
+
+    /// Stops serving: the REST server drains, the MQTT client disconnects, the
+    /// scheduler stops, the database closes. The embedded broker (rumqttd has
+    /// no stop) keeps its port until the process exits.
+    pub async fn shutdown(self) {
+        let _ = self.stop.send(true);
+        let _ = self.shared.mqtt.try_disconnect();
+        for task in self.tasks {
+            if tokio::time::timeout(Duration::from_secs(5), task)
+                .await
+                .is_err()
+            {
+                tracing::warn!("a coordinator task did not stop within 5 s");
+            }
+        }
+        self.shared.store.close().await;
+    }
+}
+
+/// The REST address as agents on other hosts may reach it.
+fn default_public_url(rest_addr: SocketAddr, tls: bool) -> String {
+    let scheme = if tls { "https" } else { "http" };
+    if rest_addr.ip().is_unspecified() {
+        // Bound to every interface: 127.0.0.1 works locally; agents elsewhere
+        // need --public-url, which `start` says in a warning.
+        format!("{scheme}://127.0.0.1:{}", rest_addr.port())
+    } else {
+        format!("{scheme}://{rest_addr}")
+    }
+}
+
+/// The configured placement policy, with the model given by `--model` for a
+/// learned one.
+fn placement_policy(
+    config: &CoordinatorConfig,
+) -> Result<Box<dyn starling_placement::Policy>, StartError> {
+    let mut models = Vec::new();
+    if let Some(path) = &config.model {
+        let model = models::read(path)?;
+        let wanted = starling_placement::learned::LearnedKind::from_name(&config.policy);
+        if wanted != Some(model.policy) {
+            return Err(StartError::ModelPolicy {
+                path: path.clone(),
+                model: model.policy.as_str(),
+                policy: config.policy.clone(),
+            });
+        }
+        models.push(model);
+    }
+    starling_placement::policy::policy_with_tuning(
+        &config.policy,
+        config.placement_seed,
+        &starling_placement::policy::HeuristicTuning::default(),
+        &models,
+    )
+    .map_err(|error| match error {
+        starling_placement::PolicyError::Unknown(unknown) => StartError::Policy(unknown),
+        other => StartError::PolicyModel(other),
+    })
+}
+
+/// Starts the coordinator: opens the store, binds the REST API, starts or
+/// connects to the broker, and spawns ingest, scheduler and HTTP server on the
+/// current tokio runtime.
+pub async fn start(config: CoordinatorConfig) -> Result<Running, StartError> {
+    let topics = starling_proto::Topics::new(&config.topic_prefix)?;
+    let policy = placement_policy(&config)?;
+
+    let rest_listener = tokio::net::TcpListener::bind(config.listen)
+        .await
+        .map_err(|error| StartError::Listen {
+            addr: config.listen,
+            reason: describe_bind_error(&error),
+        })?;
+    let rest_addr = rest_listener
+        .local_addr()
+        .map_err(|error| StartError::Listen {
+            addr: config.listen,
+            reason: error.to_string(),
+        })?;
+
+    let rest_tls_config = config
+        .rest_tls
+        .as_ref()
+        .map(|tls| tls.rustls_config().map(Arc::new))
+        .transpose()?;
+    let public_url = config
+        .public_url
+        .clone()
+        .map(|url| url.trim_end_matches('/').to_string())
+        .unwrap_or_else(|| default_public_url(rest_addr, config.rest_tls.is_some()));
+    let longest_artifact_url = format!("{public_url}/api/v1/artifacts/{}", "0".repeat(64));
+    if longest_artifact_url.len() > starling_proto::limits::URL_LEN {
+        return Err(StartError::PublicUrl {
+            url: public_url,
+            max: starling_proto::limits::URL_LEN,
+        });
+    }
+
+    if config.db.is_none() {
+        std::fs::create_dir_all(&config.data_dir).map_err(|source| StartError::DataDir {
+            path: config.data_dir.clone(),
+            source,
+        })?;
+    }
+    let store = Store::open(&config.database_url()).await?;
+    let signer =
+        match signing::Signer::load(&store, config.assignment_ttl, task::unix_now_ms()).await {
+            Ok(signer) => signer,
+            Err(error) => {
+                store.close().await;
+                return Err(error.into());
+            }
+        };
+
+    let (mqtt_access, mosquitto, internal_user, internal_password) =
+        match setup_access(&config, &topics, &store).await {
+            Ok(access) => access,
+            Err(error) => {
+                store.close().await;
+                return Err(error);
+            }
+        };
+    if config.api_token.is_none() {
+        tracing::warn!(
+            "no API token configured (--api-token / STARLING_API_TOKEN): every REST call is allowed; set one to enforce roles"
+        );
+    }
+
+    // Where agents reach the broker, and where the coordinator's own client
+    // connects: the same for an external broker; for the embedded one with
+    // TLS, its plain loopback listener.
+    let (address, own_address, embedded_broker) = match &config.broker {
+        Some(url) => {
+            let address = BrokerAddress::parse(url)?;
+            (address.clone(), address, false)
+        }
+        None => {
+            let embedded = broker::start_embedded_broker(
+                config.mqtt_listen,
+                config.mqtt_server_tls.as_ref(),
+                mqtt_access.clone(),
+            )?;
+            let at = |addr: SocketAddr, tls: bool| BrokerAddress {
+                host: if addr.ip().is_unspecified() {
+                    "127.0.0.1".to_string()
+                } else {
+                    addr.ip().to_string()
+                },
+                port: addr.port(),
+                tls,
+            };
+            (
+                at(embedded.listen, embedded.tls),
+                at(embedded.local, false),
+                true,
+            )
+        }
+    };
+    let login = match &config.broker {
+        None => Some((internal_user.as_str(), internal_password.as_str())),
+        Some(_) => config
+            .mqtt_username
+            .as_deref()
+            .map(|user| (user, config.mqtt_password.as_deref().unwrap_or(""))),
+    };
+    let (mqtt, eventloop) = match mqtt::client::connect(&own_address, &config.mqtt_tls, login).await
+    {
+        Ok(connected) => connected,
+        Err(error) => {
+            store.close().await;
+            return Err(error.into());
+        }
+    };
+
+    if config.public_url.is_none() && rest_addr.ip().is_unspecified() {
+        tracing::warn!(
+            %public_url,
+            "listening on every interface; agents on other hosts need --public-url with an address they can reach"
+        );
+    }
+
+    let federation = match &config.federation {
+        Some(settings) => match federation::Federation::start(settings).await {
+            Ok(federation) => Some(federation),
+            Err(error) => {
+                store.close().await;
+                return Err(error.into());
+            }
+        },
+        None => None,
+    };
+
+    let counters = Arc::new(Counters::default());
+    let publisher = mqtt::publish::Publisher {
+        mqtt: mqtt.clone(),
+        topics: topics.clone(),
+        signer: signer.clone(),
+        store: store.clone(),
+        public_url: public_url.clone(),
+        resend_interval: config.resend_interval,
+        counters: counters.clone(),
+    };
+    let shared = Arc::new(Shared {
+        store,
+        registry: Arc::new(NodeRegistry::new()),
+        topics,
+        mqtt,
+        public_url: public_url.clone(),
+        policy_name: policy.name().to_string(),
+        max_attempts: config.max_attempts.max(1),
+        node_timeout_ms: u64::try_from(config.node_timeout.as_millis()).unwrap_or(u64::MAX),
+        signer,
+        max_artifact_bytes: config.max_artifact_bytes,
+        api_token: config.api_token.clone(),
+        mqtt_access,
+        mosquitto,
+        wake_scheduler: Arc::new(Notify::new()),
+        broker_up_since_ms: Arc::new(std::sync::atomic::AtomicU64::new(task::unix_now_ms())),
+        counters,
+        federation: federation.clone(),
+        publisher,
+    });
+    let (stop, stop_rx) = watch::channel(false);
+    let (messages_tx, messages_rx) = tokio::sync::mpsc::channel(1024);
+
+    let mut tasks = vec![
+        tokio::spawn(mqtt::ingest::run_mqtt_loop(
+            eventloop,
+            shared.clone(),
+            messages_tx,
+            stop_rx.clone(),
+        )),
+        tokio::spawn(mqtt::ingest::run_message_handler(
+            shared.clone(),
+            messages_rx,
+        )),
+        tokio::spawn(loops::scheduler::run(
+            loops::scheduler::Scheduler {
+                views: shared.view_source(),
+                publisher: shared.publisher.clone(),
+                federation: shared.federation.clone(),
+                wake: shared.wake_scheduler.clone(),
+            },
+            policy,
+            config.schedule_interval,
+            stop_rx.clone(),
+        )),
+        tokio::spawn(loops::outbox::run(
+            loops::outbox::Outbox {
+                publisher: shared.publisher.clone(),
+            },
+            stop_rx.clone(),
+        )),
+        tokio::spawn(loops::liveness::run(
+            loops::liveness::Liveness {
+                registry: shared.registry.clone(),
+                store: shared.store.clone(),
+                broker_up_since_ms: shared.broker_up_since_ms.clone(),
+                counters: shared.counters.clone(),
+                wake_scheduler: shared.wake_scheduler.clone(),
+                node_timeout_ms: shared.node_timeout_ms,
+                max_attempts: shared.max_attempts,
+            },
+            stop_rx.clone(),
+        )),
+    ];
+    if let Some(federation) = federation {
+        tasks.extend(federation::spawn(
+            shared.clone(),
+            federation,
+            stop_rx.clone(),
+        ));
+    }
+    let router = http::router(shared.clone());
+    let mut http_stop = stop_rx;
+    tasks.push(tokio::spawn(async move {
+        let shutdown = async move {
+            let _ = http_stop.wait_for(|stopped| *stopped).await;
+        };
+        let served = http::serve(rest_listener, router, rest_tls_config, shutdown).await;
+        if let Err(error) = served {
+            tracing::error!(%error, "REST server stopped");
+        }
+    }));
+    // Subscriptions are made by the MQTT loop on each ConnAck; the first one
+    // was consumed above, so subscribe now for it.
+    mqtt::ingest::subscribe(&shared);
+
+    tracing::info!(
+        rest = %rest_addr,
+        mqtt = %address.url(),
+        db = shared.store.backend_name(),
+        policy = %shared.policy_name,
+        "coordinator started"
+    );
+    Ok(Running {
+        rest_addr,
+        rest_tls: config.rest_tls.is_some(),
+        mqtt_url: address.url(),
+        public_url,
+        embedded_broker,
+        shared,
+        stop,
+        tasks,
+    })
+}
+
+/// The MQTT side of access control at start: the embedded broker's
+/// credential cache (with the coordinator's own login), and the Mosquitto
+/// files when asked for, both filled from the store.
+async fn setup_access(
+    config: &CoordinatorConfig,
+    topics: &starling_proto::Topics,
+    store: &Store,
+) -> Result<
+    (
+        Arc<access::MqttAccess>,
+        Option<access::MosquittoFiles>,
+        String,
+        String,
+    ),
+    StartError,
+> {
+    let (internal_user, internal_password) = match (&config.mqtt_username, &config.mqtt_password) {
+        (Some(user), Some(password)) => (user.clone(), password.clone()),
+        (Some(_), None) | (None, Some(_)) => {
+            return Err(StartError::MqttLogin(
+                "give --mqtt-username and --mqtt-password together",
+            ))
+        }
+        // A fresh secret per start: only this process logs in with it.
+        (None, None) => (
+            access::INTERNAL_MQTT_USER.to_string(),
+            access::new_secret("")?,
+        ),
+    };
+    let mosquitto = match &config.mosquitto_auth_dir {
+        Some(dir) => {
+            let (Some(username), Some(password)) = (&config.mqtt_username, &config.mqtt_password)
+            else {
+                return Err(StartError::MqttLogin(
+                    "--mosquitto-auth-dir needs --mqtt-username and --mqtt-password: the coordinator's own Mosquitto login goes in the password file",
+                ));
+            };
+            Some(access::MosquittoFiles {
+                dir: dir.clone(),
+                pid_file: config.mosquitto_pid_file.clone(),
+                username: username.clone(),
+                password_hash: access::mosquitto_hash(password)?,
+                topic_prefix: topics.prefix().to_string(),
+            })
+        }
+        None => None,
+    };
+    let mqtt_access = Arc::new(access::MqttAccess::new(
+        &internal_user,
+        &internal_password,
+        config.mqtt_allow_anonymous,
+    ));
+    if config.mqtt_allow_anonymous && config.broker.is_none() {
+        tracing::warn!("--mqtt-allow-anonymous: the embedded broker lets in clients without credentials; for development only");
+    }
+    access::refresh(store, &mqtt_access, mosquitto.as_ref()).await?;
+    Ok((mqtt_access, mosquitto, internal_user, internal_password))
+}
+
+/// Says "address in use" plainly for the commonest bind failure.
+pub(crate) fn describe_bind_error(error: &std::io::Error) -> String {
+    match error.kind() {
+        std::io::ErrorKind::AddrInUse => "address in use".to_string(),
+        std::io::ErrorKind::AddrNotAvailable => "address not available on this host".to_string(),
+        std::io::ErrorKind::PermissionDenied => "permission denied".to_string(),
+        _ => error.to_string(),
+    }
+}

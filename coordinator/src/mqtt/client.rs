@@ -1,0 +1,70 @@
+//! The coordinator's own MQTT client: connecting to the broker (embedded or
+//! external) and waiting for its ConnAck. `ingest` then polls its event
+//! loop; `publish` sends through it.
+
+use std::time::Duration;
+
+use rumqttc::{AsyncClient, Event, EventLoop, MqttOptions, Packet};
+use starling_net::BrokerAddress;
+
+use super::broker::MAX_PACKET_BYTES;
+
+/// Why the coordinator's client could not connect.
+#[derive(Debug, thiserror::Error)]
+pub enum ConnectError {
+    /// The TLS settings for an `mqtts://` broker are unusable.
+    #[error(transparent)]
+    Tls(#[from] starling_net::TlsError),
+    /// The broker did not accept the connection.
+    #[error("cannot reach the MQTT broker at {url}: {reason}; start it or pass --broker with the right address")]
+    Unreachable {
+        /// The broker's URL.
+        url: String,
+        /// What went wrong.
+        reason: String,
+    },
+}
+
+/// How long the coordinator waits for the broker to accept its connection.
+const BROKER_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Connects the coordinator's MQTT client and waits for the broker's ConnAck.
+pub(crate) async fn connect(
+    address: &BrokerAddress,
+    tls: &starling_net::MqttTlsFiles,
+    login: Option<(&str, &str)>,
+) -> Result<(AsyncClient, EventLoop), ConnectError> {
+    let client_id = format!("starling-coordinator-{}", uuid::Uuid::now_v7().simple());
+    let mut options = MqttOptions::new(client_id, address.host.clone(), address.port);
+    options
+        .set_keep_alive(Duration::from_secs(10))
+        .set_clean_session(true)
+        .set_max_packet_size(MAX_PACKET_BYTES, MAX_PACKET_BYTES);
+    if address.tls {
+        options.set_transport(starling_net::tls::transport(tls)?);
+    }
+    if let Some((username, password)) = login {
+        options.set_credentials(username, password);
+    }
+    let (client, mut eventloop) = AsyncClient::new(options, 256);
+    let unreachable = |reason: String| ConnectError::Unreachable {
+        url: address.url(),
+        reason,
+    };
+    let wait_for_connack = async {
+        loop {
+            match eventloop.poll().await {
+                Ok(Event::Incoming(Packet::ConnAck(_))) => return Ok(()),
+                Ok(_) => continue,
+                Err(error) => return Err(unreachable(error.to_string())),
+            }
+        }
+    };
+    match tokio::time::timeout(BROKER_CONNECT_TIMEOUT, wait_for_connack).await {
+        Ok(Ok(())) => Ok((client, eventloop)),
+        Ok(Err(error)) => Err(error),
+        Err(_) => Err(unreachable(format!(
+            "no answer within {BROKER_CONNECT_TIMEOUT:?}"
+        ))),
+    }
+}
