@@ -9,7 +9,6 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use rumqttc::AsyncClient;
 use tokio::sync::{watch, Notify};
 use tokio::task::JoinHandle;
 
@@ -109,7 +108,7 @@ pub(crate) struct Shared {
     pub(crate) store: Store,
     pub(crate) registry: Arc<NodeRegistry>,
     pub(crate) topics: starling_proto::Topics,
-    pub(crate) mqtt: AsyncClient,
+    pub(crate) mqtt: mqtt::client::MqttClient,
     pub(crate) public_url: String,
     pub(crate) policy_name: String,
     pub(crate) max_attempts: u32,

@@ -9,6 +9,10 @@ use starling_net::BrokerAddress;
 
 use super::broker::MAX_PACKET_BYTES;
 
+/// The coordinator's MQTT client, as the rest of the coordinator holds it
+/// (only this module names the MQTT crate).
+pub(crate) type MqttClient = AsyncClient;
+
 /// Why the coordinator's client could not connect.
 #[derive(Debug, thiserror::Error)]
 pub enum ConnectError {
@@ -33,7 +37,7 @@ pub(crate) async fn connect(
     address: &BrokerAddress,
     tls: &starling_net::MqttTlsFiles,
     login: Option<(&str, &str)>,
-) -> Result<(AsyncClient, EventLoop), ConnectError> {
+) -> Result<(MqttClient, EventLoop), ConnectError> {
     let client_id = format!("starling-coordinator-{}", uuid::Uuid::now_v7().simple());
     let mut options = MqttOptions::new(client_id, address.host.clone(), address.port);
     options

@@ -12,6 +12,7 @@
 
 use std::sync::{RwLock, RwLockReadGuard, RwLockWriteGuard};
 
+mod architecture;
 mod bad_input;
 mod end_to_end;
 mod faults;

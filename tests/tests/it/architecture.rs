@@ -1,0 +1,336 @@
+//! The map's rules that a compiler does not check, checked on the sources
+//! (in the style of `placement/tests/purity.rs`): modules of one crate never
+//! import each other both ways; the coordinator's files stay small; only its
+//! `http`, `mqtt` and `store` rooms name the HTTP, MQTT and SQL crates; and
+//! the `starling` CLI built without `up` links no server part.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+
+/// Every crate of the workspace, by folder.
+const CRATES: &[&str] = &[
+    "proto",
+    "net",
+    "api",
+    "placement",
+    "learn",
+    "opencl",
+    "agent",
+    "coordinator",
+    "cli",
+    "tests",
+];
+
+fn workspace() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .unwrap()
+        .to_path_buf()
+}
+
+/// Every `.rs` file under `dir`, with its path relative to `dir`.
+fn sources(dir: &Path) -> Vec<(PathBuf, String)> {
+    let mut found = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(folder) = stack.pop() {
+        for entry in std::fs::read_dir(&folder).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                stack.push(path);
+            } else if path.extension().is_some_and(|ext| ext == "rs") {
+                let text = std::fs::read_to_string(&path).unwrap();
+                found.push((path.strip_prefix(dir).unwrap().to_path_buf(), text));
+            }
+        }
+    }
+    found.sort();
+    found
+}
+
+/// The module path of a source file (`a/b.rs` and `a/b/mod.rs` are `a::b`);
+/// `None` for binaries' entry points.
+fn module_of(relative: &Path) -> Option<String> {
+    let mut parts: Vec<String> = relative
+        .with_extension("")
+        .components()
+        .map(|part| part.as_os_str().to_string_lossy().into_owned())
+        .collect();
+    if parts.first().is_some_and(|first| first == "bin") {
+        return None;
+    }
+    if parts
+        .last()
+        .is_some_and(|last| last == "mod" || last == "lib" || last == "main")
+    {
+        parts.pop();
+    }
+    Some(parts.join("::"))
+}
+
+/// The code of a file as the build without tests sees it: comments and
+/// string literals blanked, and everything from the first `#[cfg(test)]` on
+/// dropped (test modules close their files, by convention here).
+fn production_code(text: &str) -> String {
+    let text = match text.find("#[cfg(test)]") {
+        Some(at) => &text[..at],
+        None => text,
+    };
+    let mut code = String::with_capacity(text.len());
+    let mut chars = text.chars().peekable();
+    while let Some(c) = chars.next() {
+        match c {
+            '/' if chars.peek() == Some(&'/') => {
+                for next in chars.by_ref() {
+                    if next == '\n' {
+                        code.push('\n');
+                        break;
+                    }
+                }
+            }
+            '"' => {
+                let mut escaped = false;
+                for next in chars.by_ref() {
+                    if escaped {
+                        escaped = false;
+                    } else if next == '\\' {
+                        escaped = true;
+                    } else if next == '"' {
+                        break;
+                    }
+                }
+                code.push_str("\"\"");
+            }
+            _ => code.push(c),
+        }
+    }
+    code
+}
+
+/// The paths a file names below `crate::` (grouped imports expanded one
+/// level) and below `super::` (made absolute).
+fn referenced_paths(module: &str, code: &str) -> Vec<String> {
+    let mut paths = Vec::new();
+    let word = |c: char| c.is_ascii_alphanumeric() || c == '_' || c == ':';
+    let mut rest = code;
+    while let Some(at) = rest.find("crate::") {
+        let after = &rest[at + "crate::".len()..];
+        if let Some(group) = after.strip_prefix('{') {
+            let mut depth = 1;
+            let mut end = 0;
+            for (i, c) in group.char_indices() {
+                match c {
+                    '{' => depth += 1,
+                    '}' => depth -= 1,
+                    _ => {}
+                }
+                if depth == 0 {
+                    end = i;
+                    break;
+                }
+            }
+            let mut depth = 0;
+            let mut item = String::new();
+            for c in group[..end].chars().chain(std::iter::once(',')) {
+                match c {
+                    '{' => depth += 1,
+                    '}' => depth -= 1,
+                    ',' if depth == 0 => {
+                        let name: String = item.trim().chars().take_while(|&c| word(c)).collect();
+                        paths.push(name.trim_end_matches(':').to_string());
+                        item.clear();
+                        continue;
+                    }
+                    _ => {}
+                }
+                item.push(c);
+            }
+        } else {
+            let name: String = after.chars().take_while(|&c| word(c)).collect();
+            paths.push(name.trim_end_matches(':').to_string());
+        }
+        rest = after;
+    }
+    let parent = module.rsplit_once("::").map_or("", |(parent, _)| parent);
+    let mut rest = code;
+    while let Some(at) = rest.find("super::") {
+        let before = rest[..at].chars().last();
+        let after = &rest[at + "super::".len()..];
+        if !before.is_some_and(word) {
+            let name: String = after.chars().take_while(|&c| word(c)).collect();
+            let name = name.trim_end_matches(':');
+            if !name.starts_with("super") {
+                paths.push(if parent.is_empty() {
+                    name.to_string()
+                } else {
+                    format!("{parent}::{name}")
+                });
+            }
+        }
+        rest = after;
+    }
+    paths
+}
+
+/// Which modules each module of the crate at `dir` names.
+fn module_graph(dir: &Path) -> BTreeMap<String, BTreeSet<String>> {
+    let files: Vec<(String, String)> = sources(&dir.join("src"))
+        .into_iter()
+        .filter_map(|(path, text)| Some((module_of(&path)?, text)))
+        .collect();
+    let modules: BTreeSet<String> = files.iter().map(|(module, _)| module.clone()).collect();
+    let mut graph = BTreeMap::new();
+    for (module, text) in &files {
+        let mut targets = BTreeSet::new();
+        for path in referenced_paths(module, &production_code(text)) {
+            let parts: Vec<&str> = path.split("::").collect();
+            let target = (1..=parts.len())
+                .rev()
+                .map(|len| parts[..len].join("::"))
+                .find(|candidate| modules.contains(candidate));
+            if let Some(target) = target {
+                targets.insert(target);
+            }
+        }
+        graph.insert(module.clone(), targets);
+    }
+    graph
+}
+
+/// Whether `a` contains `b` (or is it): a parent and its children may name
+/// each other (a folder's `mod.rs` declares and re-exports its children).
+fn nested(a: &str, b: &str) -> bool {
+    a.is_empty()
+        || b.is_empty()
+        || a == b
+        || b.starts_with(&format!("{a}::"))
+        || a.starts_with(&format!("{b}::"))
+}
+
+#[test]
+fn no_two_modules_of_a_crate_import_each_other() {
+    let mut mutual = Vec::new();
+    for krate in CRATES {
+        let graph = module_graph(&workspace().join(krate));
+        assert!(
+            graph.len() > 1 || *krate == "tests",
+            "{krate}: no modules found"
+        );
+        for (a, targets) in &graph {
+            for b in targets {
+                if a < b && !nested(a, b) && graph.get(b).is_some_and(|back| back.contains(a)) {
+                    mutual.push(format!("{krate}: {a} <-> {b}"));
+                }
+            }
+        }
+    }
+    assert!(
+        mutual.is_empty(),
+        "modules that import each other (move the shared part where both can use it):\n{}",
+        mutual.join("\n")
+    );
+}
+
+#[test]
+fn the_graph_reader_sees_grouped_relative_and_inline_paths() {
+    let code = production_code(
+        "use crate::{a::X, b};\nuse super::c::Y;\nfn f() { crate::d::g(); }\n// crate::e\nconst S: &str = \"crate::f\";\n#[cfg(test)]\nmod tests { use crate::h; }\n",
+    );
+    let paths = referenced_paths("x::y", &code);
+    assert_eq!(paths, ["a::X", "b", "d::g", "x::c::Y"]);
+}
+
+#[test]
+fn no_coordinator_source_file_is_over_800_lines() {
+    let long: Vec<String> = sources(&workspace().join("coordinator/src"))
+        .into_iter()
+        .filter(|(_, text)| text.lines().count() > 800)
+        .map(|(path, text)| format!("{} ({} lines)", path.display(), text.lines().count()))
+        .collect();
+    assert!(long.is_empty(), "split these by what they do: {long:?}");
+}
+
+/// In the coordinator, each of these crates may be named only under these
+/// module prefixes (its "room").
+const ROOMS: &[(&str, &[&str])] = &[
+    ("axum", &["http"]),
+    ("axum_server", &["http"]),
+    ("rumqttc", &["mqtt"]),
+    ("rumqttd", &["mqtt"]),
+    ("sqlx", &["store"]),
+];
+
+#[test]
+fn the_coordinator_names_http_mqtt_and_sql_only_in_their_rooms() {
+    let mut strays = Vec::new();
+    for (path, text) in sources(&workspace().join("coordinator/src")) {
+        let Some(module) = module_of(&path) else {
+            continue;
+        };
+        let code = production_code(&text);
+        for (krate, rooms) in ROOMS {
+            let named = code.match_indices(&format!("{krate}::")).any(|(at, _)| {
+                !code[..at]
+                    .chars()
+                    .last()
+                    .is_some_and(|c| c.is_ascii_alphanumeric() || c == '_' || c == ':')
+            });
+            let inside = rooms
+                .iter()
+                .any(|room| module == *room || module.starts_with(&format!("{room}::")));
+            if named && !inside {
+                strays.push(format!("{} names {krate}", path.display()));
+            }
+        }
+    }
+    assert!(strays.is_empty(), "{strays:#?}");
+}
+
+/// Crates of the server side that a client-only `starling` must not link.
+const SERVER_CRATES: &[&str] = &[
+    "wasmtime",
+    "sqlx",
+    "rumqttd",
+    "rumqttc",
+    "candle-core",
+    "opencl3",
+    "axum",
+];
+
+#[test]
+fn the_cli_without_up_links_no_server_part() {
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let output = std::process::Command::new(cargo)
+        .current_dir(workspace())
+        .args([
+            "tree",
+            "--offline",
+            "-p",
+            "starling-cli",
+            "--no-default-features",
+            "-e",
+            "normal",
+            "--prefix",
+            "none",
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        output.status.success(),
+        "cargo tree failed: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let tree = String::from_utf8_lossy(&output.stdout);
+    let names: BTreeSet<&str> = tree
+        .lines()
+        .filter_map(|line| line.split_whitespace().next())
+        .collect();
+    assert!(
+        names.contains("starling-api") && names.contains("reqwest"),
+        "{tree}"
+    );
+    let linked: Vec<&&str> = SERVER_CRATES
+        .iter()
+        .filter(|krate| names.contains(**krate))
+        .collect();
+    assert!(linked.is_empty(), "the client-only CLI links {linked:?}");
+}
