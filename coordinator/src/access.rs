@@ -19,7 +19,7 @@ use base64::Engine as _;
 use sha2::{Digest as _, Sha256, Sha512};
 use starling_api::NodeCredentials;
 
-use crate::access_store::NodeCredentialRow;
+use crate::store::access::NodeCredentialRow;
 use crate::store::{Store, StoreError};
 
 /// Prefix of REST API tokens, so a leaked one is recognisable in logs and scanners.

@@ -16,7 +16,6 @@
 //! `starling_api`'s; the `starling` CLI is its own crate (`starling-cli`).
 
 pub mod access;
-pub mod access_store;
 mod app;
 pub mod config;
 pub mod domain;

@@ -9,8 +9,8 @@ use reqwest::StatusCode;
 use serde_json::{json, Value};
 use starling_api::TaskStatus;
 use starling_coordinator::config::FederationConfig;
-use starling_coordinator::federation::forward_store::{RemoteResult, TakenBack};
 use starling_coordinator::federation::ClusterKey;
+use starling_coordinator::store::forwards::{RemoteResult, TakenBack};
 
 fn federation(key: &str) -> FederationConfig {
     FederationConfig {

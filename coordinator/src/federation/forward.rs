@@ -18,8 +18,8 @@ use base64::Engine;
 use reqwest::StatusCode;
 use tokio::sync::watch;
 
-use super::forward_store::{OpenForward, RemoteResult, TakenBack};
 use super::Federation;
+use crate::store::forwards::{OpenForward, RemoteResult, TakenBack};
 use crate::store::{StoreError, TaskRecord};
 use crate::task::unix_now_ms;
 use crate::Shared;

@@ -6,13 +6,12 @@
 //! Map: `key` (the cluster key: sealed datagrams, the peer token), `gossip`
 //! (foca's SWIM over UDP: membership, failure detection, digests), `sites`
 //! (the federation as seen from here, no I/O), `forward` (the home side:
-//! send, follow, take back), `forward_store` (its SQL), `member` (a
+//! send, follow, take back; its SQL is `store::forwards`), `member` (a
 //! gossip-only process for benchmarks). The decision to forward is the
 //! placement engine's (`starling_placement::federation::route`), called by the
 //! scheduler with the peers' digests.
 
 mod forward;
-pub mod forward_store;
 pub mod gossip;
 pub mod key;
 pub mod member;

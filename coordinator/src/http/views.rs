@@ -2,7 +2,7 @@
 //! `starling_api` twin, and these conversions are the only place the two
 //! meet, so a column can change without changing the API (and the reverse).
 
-use crate::access_store::ApiTokenRecord;
+use crate::store::access::ApiTokenRecord;
 use crate::store::{AttemptRecord, EventRecord};
 
 impl From<EventRecord> for starling_api::EventRecord {

@@ -2,7 +2,6 @@
 //! applied to their task as [`crate::domain::reconcile()`] decides, and each
 //! task's history.
 
-use serde::{Deserialize, Serialize};
 use starling_proto::{TaskEvent, TaskState};
 
 use super::{from_db, to_db, with_pool, Backend, Store, StoreError, TaskRow, TASK_COLUMNS};
@@ -10,7 +9,7 @@ use crate::domain::{reconcile, EventFacts, NodeAfter, Reconciliation, ResultUpda
 use crate::task::TaskStatus;
 
 /// One stored task event.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct EventRecord {
     /// Attempt number.
     pub attempt: u32,
@@ -30,12 +29,11 @@ pub struct EventRecord {
     /// Size of the output carried.
     pub output_bytes: u64,
     /// Execution measurements, as the agent sent them.
-    #[schema(value_type = Option<Object>)]
     pub metrics: Option<serde_json::Value>,
 }
 
 /// One attempt of a task.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct AttemptRecord {
     /// Attempt number, from 1.
     pub attempt: u32,

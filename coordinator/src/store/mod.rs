@@ -25,8 +25,10 @@ use starling_proto::{Digest, Runtime};
 
 use crate::task::{TaskKind, TaskStatus};
 
+pub mod access;
 mod artifacts;
 mod events;
+pub mod forwards;
 mod keys;
 mod outbox;
 mod tasks;
@@ -51,7 +53,7 @@ macro_rules! with_pool {
         }
     };
 }
-// Other `impl Store` blocks of the crate (access_store.rs) share the one query text rule.
+// Every `impl Store` block of the store's files shares the one query text rule.
 pub(crate) use with_pool;
 
 /// The pool of whichever database the store opened.

@@ -15,7 +15,7 @@ use starling_proto::{NodeId, PROTOCOL_VERSION};
 use super::super::error::HttpError;
 use super::super::json_body;
 use crate::access;
-use crate::access_store::EnrollOutcome;
+use crate::store::access::EnrollOutcome;
 use crate::task::unix_now_ms;
 use crate::Shared;
 

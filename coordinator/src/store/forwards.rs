@@ -1,5 +1,5 @@
 //! The store's side of forwarding: the home site's forwards, and the tasks a
-//! peer took from other sites. Same rules as `store.rs`: one query text for
+//! peer took from other sites. Same rules as the rest of the store: one query text for
 //! both databases, every read-modify-write in one transaction that writes first.
 
 use std::str::FromStr;

@@ -1,9 +1,6 @@
 //! The store's half of access control: API tokens, join tokens and node
 //! credentials (migration `0004_access.sql`). Only hashes go in; the secrets
-//! themselves are made and shown by the callers in `api` and `access`.
-
-use serde::{Deserialize, Serialize};
-use utoipa::ToSchema;
+//! themselves are made and shown by the callers in `http` and `access`.
 
 use crate::store::{with_pool, Backend, Store, StoreError};
 use starling_api::Role;
@@ -17,7 +14,7 @@ fn from_db(value: i64) -> u64 {
 }
 
 /// An API token as listed (never with its secret).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ApiTokenRecord {
     /// The token's id (for `starling api-token revoke`).
     pub id: String,
