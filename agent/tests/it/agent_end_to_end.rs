@@ -4,12 +4,12 @@
 //! shutdown; events re-sent until acknowledged; a kill mid-task re-runs the
 //! attempt once; a broker restart loses no result; a node rebooted while the
 //! broker is down resumes its work and delivers once the broker is back.
-#![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
 
-mod support;
+use crate::support;
 
 use std::time::Duration;
 
+use crate::support::{HttpServer, Mosquitto};
 use rumqttc::{AsyncClient, Event, MqttOptions, Packet, QoS};
 use starling_agent::artifact::sha256;
 use starling_agent::journal::{Journal, JournalLimits};
@@ -18,7 +18,6 @@ use starling_proto::{
     Assignment, Cancel, Capability, Channel, Digest, EventAck, ExecLimits, FailureReason, NodeId,
     NodeState, Runtime, Status, TaskEvent, TaskId, TaskState, Telemetry, Topics, PROTOCOL_VERSION,
 };
-use support::{HttpServer, Mosquitto};
 use tokio::sync::{mpsc, oneshot};
 
 /// A test-side MQTT client that hands every publish it receives to a channel

@@ -1,11 +1,10 @@
 //! Fetching modules by digest: verification, 404s, and the on-disk cache.
-#![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
 
-mod support;
+use crate::support;
 
+use crate::support::HttpServer;
 use starling_agent::artifact::{sha256, ArtifactStore, FetchError};
 use starling_proto::{Digest, FailureReason};
-use support::HttpServer;
 
 #[tokio::test]
 async fn verified_module_is_cached_and_not_refetched() {

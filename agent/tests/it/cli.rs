@@ -1,8 +1,7 @@
 //! The binary as an operator meets it: help, probe output, config precedence,
 //! and the start error when no broker is there.
-#![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
 
-mod support;
+use crate::support;
 
 use std::process::Command;
 

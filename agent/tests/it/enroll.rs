@@ -13,8 +13,6 @@
 //! records what the agent sent and answers what the test needs (the real
 //! endpoint is exercised by the cross-process tests in `tests/`).
 
-#![allow(clippy::unwrap_used, clippy::expect_used)]
-
 use std::net::TcpListener as StdListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};

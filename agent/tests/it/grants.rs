@@ -3,8 +3,6 @@
 //! fixed clock and zeros, and a grant the policy forbids is refused before
 //! the module runs.
 
-#![allow(clippy::unwrap_used, clippy::expect_used)]
-
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use starling_agent::wasm::{ExecError, RunRequest, WasmExecutor};

@@ -1,8 +1,7 @@
 //! The journal on a real SQLite file: what it keeps across a reopen, what a
 //! receipt removes, and its policy when full.
-#![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
 
-mod support;
+use crate::support;
 
 use std::time::Duration;
 

@@ -1,18 +1,17 @@
 //! The runner bounds concurrent executions and counts the rest as queued.
-#![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
 
-mod support;
+use crate::support;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::support::HttpServer;
 use starling_agent::artifact::{sha256, ArtifactStore};
 use starling_agent::runner::Runner;
 use starling_agent::telemetry::TaskCounts;
 use starling_agent::wasm::WasmExecutor;
 use starling_proto::{Assignment, ExecLimits, FailureReason, NodeId, TaskState};
-use support::HttpServer;
 use tokio::sync::mpsc;
 
 fn spin_assignment(task: &str, url: &str, digest: starling_proto::Digest) -> Assignment {

@@ -1,8 +1,7 @@
 //! The assignment checks: only a current assignment for this node, signed by
 //! the pinned coordinator key, passes; each refusal names its check.
-#![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
 
-mod support;
+use crate::support;
 
 use ed25519_dalek::SigningKey;
 use starling_agent::verify::{AssignmentVerifier, Refusal};
