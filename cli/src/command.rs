@@ -11,8 +11,8 @@ use indicatif::{ProgressBar, ProgressStyle};
 
 use starling_api::client::{Client, ClientError};
 use starling_api::{
-    ArtifactSignature, ArtifactStored, CreateApiToken, CreateJoinToken, NodeSummary, Role,
-    SiteList, SubmitTask, TaskDetail, TaskKind, TaskLimits, TaskStatus, TaskSummary,
+    ArtifactSignature, ArtifactStored, CreateApiToken, CreateJoinToken, ErrorCode, NodeSummary,
+    Role, SiteList, SubmitTask, TaskDetail, TaskKind, TaskLimits, TaskStatus, TaskSummary,
 };
 use starling_net::{parse_duration, parse_size};
 
@@ -312,7 +312,13 @@ impl CliError {
         match self {
             CliError::Usage(_) => EXIT_USAGE,
             CliError::Client(ClientError::Unreachable { .. }) => EXIT_UNREACHABLE,
-            CliError::Client(ClientError::Api { status, .. }) if *status < 500 => EXIT_USAGE,
+            // The coordinator's own failures are not the caller's doing; every
+            // other refusal says what to change in the request.
+            CliError::Client(ClientError::Api { code, status, .. }) => match code {
+                ErrorCode::Internal | ErrorCode::DatabaseUnavailable => EXIT_TASK_FAILED,
+                ErrorCode::Unknown if *status >= 500 => EXIT_TASK_FAILED,
+                _ => EXIT_USAGE,
+            },
             CliError::Client(_) => EXIT_TASK_FAILED,
             #[cfg(feature = "up")]
             CliError::Up(_) => EXIT_TASK_FAILED,
