@@ -117,10 +117,12 @@ impl DeviceInfo {
 
 #[cfg(test)]
 #[allow(clippy::unwrap_used, clippy::expect_used)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
-    fn device(name: &str) -> DeviceInfo {
+    /// A PoCL CPU device with an oversize vendor string, for tests here and
+    /// in `probe`.
+    pub(crate) fn device(name: &str) -> DeviceInfo {
         DeviceInfo {
             platform: "Portable Computing Language".into(),
             vendor: "v".repeat(200),

@@ -174,28 +174,8 @@ pub fn calibrate(devices: &mut [DeviceInfo], cache_dir: Option<&Path>) {
 #[cfg(test)]
 #[allow(clippy::unwrap_used, clippy::expect_used)]
 mod tests {
-    use starling_proto::GpuKind;
-
     use super::*;
-
-    fn device(name: &str) -> DeviceInfo {
-        DeviceInfo {
-            platform: "Portable Computing Language".into(),
-            vendor: "v".repeat(200),
-            name: name.into(),
-            kind: GpuKind::Cpu,
-            version: "OpenCL 3.0 PoCL".into(),
-            driver_version: "6.0".into(),
-            compute_units: 2,
-            max_clock_mhz: 3000,
-            global_mem_bytes: 1 << 30,
-            local_mem_bytes: 1 << 20,
-            max_alloc_bytes: 1 << 28,
-            max_work_group_size: 1 << 40,
-            fp64: true,
-            gflops: Some(12.5),
-        }
-    }
+    use crate::device::tests::device;
 
     #[test]
     fn calibration_cache_round_trips_and_replaces_by_key() {
