@@ -3,9 +3,7 @@
 //! SQLite and PostgreSQL, the embedded broker's logins, and a real Mosquitto
 //! running on the password file and ACL the coordinator writes.
 
-#![allow(clippy::unwrap_used, clippy::expect_used)]
-
-mod common;
+use crate::common;
 
 use std::path::Path;
 use std::time::{Duration, Instant};

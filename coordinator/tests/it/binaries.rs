@@ -1,8 +1,7 @@
 //! The two binaries as users meet them: `starling-coordinator serve` (ready
 //! line, one-line startup errors) and the `starling` CLI (output, exit codes).
-#![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
 
-mod common;
+use crate::common;
 
 use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};

@@ -1,9 +1,8 @@
 //! Delivery, signing, failure detection and reconciliation: the store's
 //! outbox and event rules on SQLite and PostgreSQL, and the coordinator's
 //! loops against a stand-in agent over a real broker.
-#![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
 
-mod common;
+use crate::common;
 
 use std::time::{Duration, Instant};
 

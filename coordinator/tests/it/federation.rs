@@ -1,9 +1,8 @@
 //! The federation's REST side on a running coordinator: the sites list, the
 //! peer token on every federation route, forwards that are idempotent on
 //! their origin, and refusals that store nothing.
-#![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
 
-mod common;
+use crate::common;
 
 use reqwest::StatusCode;
 use serde_json::{json, Value};

@@ -1,9 +1,8 @@
 //! MQTT ingest against a real Mosquitto, and the embedded rumqttd broker: nodes
 //! appear from their reports, bad messages change nothing, and a task goes
 //! through assignment, events, node loss and cancel with a stand-in agent.
-#![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

@@ -1,8 +1,7 @@
 //! The REST API on a running coordinator: refusals with the right status and a
 //! JSON error, the bearer token, and the OpenAPI document.
-#![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 
@@ -337,8 +336,8 @@ async fn calls_need_the_token() {
 }
 
 /// The served document equals `coordinator/openapi.json` (regenerate it with
-/// `UPDATE_OPENAPI=1 cargo test -p starling-coordinator --test rest`), and
-/// every GET path in it answers on a running server.
+/// `UPDATE_OPENAPI=1 cargo test -p starling-coordinator --test it rest::openapi`),
+/// and every GET path in it answers on a running server.
 #[tokio::test]
 async fn openapi_document_is_checked_in_and_every_get_path_answers() {
     let dir = tempfile::tempdir().unwrap();
@@ -366,7 +365,7 @@ async fn openapi_document_is_checked_in_and_every_get_path_answers() {
     assert!(
         served == checked_in,
         "the served OpenAPI document differs from coordinator/openapi.json; \
-         if the change is intended, run UPDATE_OPENAPI=1 cargo test -p starling-coordinator --test rest"
+         if the change is intended, run UPDATE_OPENAPI=1 cargo test -p starling-coordinator --test it rest::openapi"
     );
 
     // Real values for the path parameters: a node, an artifact, a task.
@@ -407,7 +406,7 @@ async fn openapi_document_is_checked_in_and_every_get_path_answers() {
     let mut checked = 0;
     for (template, operations) in paths {
         // Peer-only routes need the federation's token and a federated
-        // coordinator: tests/federation.rs covers them.
+        // coordinator: tests/it/federation.rs covers them.
         if operations.get("get").is_none() || template.starts_with("/api/v1/federation/") {
             continue;
         }

@@ -1,8 +1,7 @@
 //! The store against both backends: SQLite in a temp dir and a fresh
 //! PostgreSQL database. The same scenario runs on each.
-#![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
 
-mod common;
+use crate::common;
 
 use sha2::{Digest as _, Sha256};
 use starling_api::{TaskDemand, TaskKind, TaskLimits, TaskStatus};

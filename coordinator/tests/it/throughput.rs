@@ -2,9 +2,8 @@
 //! two stand-in agents, ingest, store) on SQLite and on PostgreSQL, side by
 //! side: every task succeeds once, each event is stored once. It prints the
 //! throughput of each backend and their ratio; it asserts no timings.
-#![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
 
-mod common;
+use crate::common;
 
 use std::time::{Duration, Instant};
 

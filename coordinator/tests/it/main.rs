@@ -1,0 +1,14 @@
+//! The coordinator's integration tests, in one test binary: each module here
+//! was a test binary of its own, and every one linked the coordinator,
+//! wasmtime, sqlx and rumqttd again. `common` holds the helpers they share.
+#![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
+
+mod access;
+mod binaries;
+mod common;
+mod delivery;
+mod federation;
+mod ingest;
+mod rest;
+mod store;
+mod throughput;
