@@ -22,7 +22,7 @@
 //! default feature `runtime`, the only thing that links `opencl3`; a crate that
 //! only validates packages and submissions (the `starling` CLI) turns default
 //! features off. Imports between modules point one way, from the runtime down
-//! to the pure modules (`tests/layering.rs` checks it).
+//! to the pure modules (`tests/it/layering.rs` checks it).
 
 pub mod device;
 #[cfg(feature = "runtime")]
