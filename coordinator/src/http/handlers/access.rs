@@ -12,9 +12,9 @@ use starling_api::{
 };
 use starling_proto::{NodeId, PROTOCOL_VERSION};
 
-use super::super::error::HttpError;
-use super::super::json_body;
 use crate::access;
+use crate::http::error::HttpError;
+use crate::http::json_body;
 use crate::store::access::EnrollOutcome;
 use crate::task::unix_now_ms;
 use crate::Shared;

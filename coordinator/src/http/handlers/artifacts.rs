@@ -13,8 +13,8 @@ use starling_api::{ApiError, ArtifactSignature, ArtifactStored, ErrorCode};
 use starling_opencl::Package;
 use starling_proto::{Digest, PublisherSignature, Runtime};
 
-use super::super::error::HttpError;
-use super::super::json_body;
+use crate::http::error::HttpError;
+use crate::http::json_body;
 use crate::task::unix_now_ms;
 use crate::Shared;
 

@@ -18,8 +18,8 @@ use starling_api::{
     ApiError, ErrorCode, ForwardAccepted, ForwardRequest, ForwardStatus, SiteEntry, SiteList,
 };
 
-use super::super::error::HttpError;
 use crate::federation::Federation;
+use crate::http::error::HttpError;
 use crate::store::{CancelOutcome, NewTask, TaskRecord};
 use crate::task::unix_now_ms;
 use crate::Shared;

@@ -7,7 +7,7 @@ use axum::http::header;
 use axum::response::{IntoResponse, Response};
 use starling_api::{ApiError, TaskStatus};
 
-use super::super::error::HttpError;
+use crate::http::error::HttpError;
 use crate::Shared;
 
 /// Prometheus metrics: nodes, tasks by state, MQTT messages handled and ignored.

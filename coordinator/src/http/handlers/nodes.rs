@@ -7,7 +7,7 @@ use axum::Json;
 use starling_api::{ApiError, ErrorCode, Health, NodeDetail, NodeList, NodeSummary};
 use starling_proto::NodeId;
 
-use super::super::error::HttpError;
+use crate::http::error::HttpError;
 use crate::registry::NodeEntry;
 use crate::Shared;
 

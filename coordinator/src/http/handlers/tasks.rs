@@ -15,9 +15,9 @@ use starling_opencl::Package;
 use starling_proto::limits::{ARG_LEN, MAX_ARGS, MAX_INLINE_INPUT_BYTES, MAX_INLINE_OUTPUT_BYTES};
 use starling_proto::Runtime;
 
-use super::super::error::HttpError;
-use super::super::{DEFAULT_LIST_LIMIT, MAX_LIST_LIMIT};
 use super::artifacts::parse_digest;
+use crate::http::error::HttpError;
+use crate::http::{DEFAULT_LIST_LIMIT, MAX_LIST_LIMIT};
 use crate::store::{CancelOutcome, NewTask, TaskRecord};
 use crate::task::unix_now_ms;
 use crate::Shared;
