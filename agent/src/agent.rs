@@ -227,6 +227,15 @@ pub async fn run(
     tracing::info!(path = %journal.path().display(), attempts = remembered.len(), "journal open");
     let mut session = Session::new(node_id.clone(), topics, verifier);
     session.set_runtimes(&capability.runtimes);
+    if journal.is_fresh() {
+        // Nothing remembers what this node ran before: refuse replays.
+        let started_ms = unix_ms();
+        tracing::info!(
+            started_ms,
+            "new journal: assignments issued before this start are refused"
+        );
+        session.refuse_issued_before(started_ms);
+    }
     let resumed = session.restore(remembered, unix_ms());
 
     let will = session.status(NodeState::Offline)?;
@@ -308,7 +317,10 @@ pub async fn run(
         journal,
         outbound: outbound_sender,
         runner: Arc::clone(&runner),
+        unjournaled: Vec::new(),
     };
+    let mut journal_retry = tokio::time::interval(JOURNAL_RETRY_INTERVAL);
+    journal_retry.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     io.on_connected(&capability)?;
     io.perform(resumed).await;
 
@@ -342,8 +354,10 @@ pub async fn run(
                 let action = io.session.on_task_event(event);
                 io.perform(vec![action]).await;
             }
+            _ = journal_retry.tick(), if !io.unjournaled.is_empty() => io.retry_unjournaled().await,
             _ = telemetry_timer.tick() => {
-                let telemetry = sampler.sample(counters.snapshot(), runner.power_level(), link.state());
+                let mut telemetry = sampler.sample(counters.snapshot(), runner.power_level(), link.state());
+                io.session.list_attempts(&mut telemetry);
                 match io.session.telemetry(&telemetry) {
                     // Never wait for room: while the broker is unreachable the
                     // client's queue fills, and a stale sample is worth nothing.
@@ -360,6 +374,13 @@ pub async fn run(
 
     tracing::info!("shutting down: cancelling running attempts, publishing offline status");
     io.session.cancel_all();
+    io.retry_unjournaled().await;
+    if !io.unjournaled.is_empty() {
+        tracing::error!(
+            events = io.unjournaled.len(),
+            "stopping with task events the journal never took; the coordinator ends those attempts when this node no longer lists them"
+        );
+    }
     let Io {
         session,
         journal,
@@ -438,12 +459,19 @@ fn verifier(
     })
 }
 
+/// How often events the journal failed to take are offered to it again.
+const JOURNAL_RETRY_INTERVAL: Duration = Duration::from_secs(1);
+
 /// The main task's state: the session, the journal and the ways out.
 struct Io {
     session: Session,
     journal: Journal,
     outbound: mpsc::UnboundedSender<Outbound>,
     runner: Arc<Runner>,
+    /// Events the journal failed to take (a failing disk), oldest first:
+    /// offered to it again every [`JOURNAL_RETRY_INTERVAL`] until it does,
+    /// and from then on in the outbox and re-sent until acknowledged.
+    unjournaled: Vec<TaskEvent>,
 }
 
 impl Io {
@@ -520,10 +548,38 @@ impl Io {
             }
             Err(error) => {
                 tracing::error!(%error, task = %event.task_id, attempt = event.attempt,
-                    "cannot journal a task event; publishing it once without a resend guarantee");
+                    "cannot journal a task event; publishing it now and journaling it again every second until the journal takes it");
+                self.unjournaled.push(event.clone());
             }
         }
         self.publish_event(&event);
+    }
+
+    /// Offers the events the journal failed to take to it again, oldest
+    /// first, stopping at the first that still fails. An event taken is in
+    /// the outbox from then on, and the resend loop sends it until it is
+    /// acknowledged.
+    async fn retry_unjournaled(&mut self) {
+        while let Some(event) = self.unjournaled.first() {
+            match self.journal.record(event, unix_ms()).await {
+                Ok(pruned) => {
+                    tracing::info!(task = %event.task_id, attempt = event.attempt,
+                        "the journal took a task event it had failed to take");
+                    self.session.forget(&pruned);
+                    self.unjournaled.remove(0);
+                }
+                Err(JournalError::Full { .. }) => {
+                    // As in `emit`: only an event that would start a new
+                    // attempt meets a full journal; it was published already.
+                    let event = self.unjournaled.remove(0);
+                    self.session.forget(&[(event.task_id, event.attempt)]);
+                }
+                Err(error) => {
+                    tracing::debug!(%error, waiting = self.unjournaled.len(), "the journal still fails; retrying");
+                    return;
+                }
+            }
+        }
     }
 
     fn publish_event(&self, event: &TaskEvent) {

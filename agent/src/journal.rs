@@ -26,6 +26,16 @@
 //! A finished attempt drops its assignment (input included), and its last
 //! event drops its output once the coordinator acknowledged it, so the
 //! `attempts` table stays small; the outbox keeps outputs in full until acknowledged.
+//!
+//! # Rows of another protocol version
+//!
+//! Rows are read with `decode_stored`: a row an older agent wrote is read
+//! when its bytes still fit this version's fields (events are re-sent as
+//! this version), so an upgrade does not orphan in-flight attempts. A row
+//! that does not fit (an incompatible older version, or a downgrade) is
+//! logged as an error and left; the coordinator ends such an attempt when
+//! the node's telemetry does not list it. Across an incompatible version,
+//! drain the node before upgrading (docs/operations.md, upgrades).
 
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
@@ -136,6 +146,8 @@ pub struct Journal {
     pool: SqlitePool,
     path: PathBuf,
     limits: JournalLimits,
+    /// Whether this open created the file (see [`Journal::is_fresh`]).
+    fresh: bool,
 }
 
 /// The wire name of a state, as stored.
@@ -163,7 +175,8 @@ fn from_db(value: i64) -> u64 {
 impl Journal {
     /// Opens (creating it if needed) the journal in `data_dir` and returns it
     /// with every remembered attempt, least recently updated first. Rows that
-    /// do not decode (written by another version) are skipped with a warning.
+    /// do not decode even as an older version are left out, logged as errors
+    /// (see the module documentation).
     pub async fn open(
         data_dir: &Path,
         limits: JournalLimits,
@@ -174,6 +187,7 @@ impl Journal {
             detail,
         };
         std::fs::create_dir_all(data_dir).map_err(|e| open_error(e.to_string()))?;
+        let fresh = !path.exists();
         let options = SqliteConnectOptions::from_str("sqlite:")
             .map_err(|e| open_error(e.to_string()))?
             .filename(&path)
@@ -192,7 +206,12 @@ impl Journal {
             .run(&pool)
             .await
             .map_err(|e| open_error(e.to_string()))?;
-        let journal = Self { pool, path, limits };
+        let journal = Self {
+            pool,
+            path,
+            limits,
+            fresh,
+        };
         let attempts = journal.attempts().await?;
         Ok((journal, attempts))
     }
@@ -207,6 +226,15 @@ impl Journal {
     /// The journal file.
     pub fn path(&self) -> &Path {
         &self.path
+    }
+
+    /// Whether the file did not exist before this open: a new node, or one
+    /// that lost its journal (a wiped or replaced disk). Such an agent cannot
+    /// tell a replayed assignment from one it never ran, so the session
+    /// refuses assignments issued before it started
+    /// ([`crate::session::Session::refuse_issued_before`]).
+    pub fn is_fresh(&self) -> bool {
+        self.fresh
     }
 
     /// Every remembered attempt, least recently updated first.
@@ -227,15 +255,19 @@ impl Journal {
                 Ok(JournaledAttempt {
                     assignment: assignment
                         .as_deref()
-                        .map(starling_proto::decode)
+                        .map(starling_proto::decode_stored)
                         .transpose()?,
-                    last_event: starling_proto::decode(&last_event)?,
+                    last_event: stored_event(&last_event)?,
                 })
             })();
             match decoded {
                 Ok(entry) => attempts.push(entry),
-                Err(error) => tracing::warn!(task, attempt, %error,
-                    "skipping a journaled attempt that does not decode"),
+                // Not written by this protocol version nor an older one whose
+                // fields still fit: this agent cannot run or report it. The
+                // coordinator's reconcile ends such an attempt (the node's
+                // telemetry does not list it); see docs/operations.md, upgrades.
+                Err(error) => tracing::error!(task, attempt, %error,
+                    "a journaled attempt does not decode; it is left to the coordinator to place again"),
             }
         }
         Ok(attempts)
@@ -380,9 +412,7 @@ impl Journal {
             .fetch_optional(&mut *tx)
             .await
             .map_err(self.query_error())?;
-            if let Some(Ok(mut event)) =
-                last.map(|bytes| starling_proto::decode::<TaskEvent>(&bytes))
-            {
+            if let Some(Ok(mut event)) = last.map(|bytes| stored_event(&bytes)) {
                 if !event.output.is_empty() {
                     event.output.clear();
                     sqlx::query(
@@ -403,7 +433,7 @@ impl Journal {
 
     /// Up to `limit` unacknowledged events after `after_seq`, oldest first,
     /// journaled no later than `created_before_ms` (Unix ms). Rows that do
-    /// not decode are skipped (and stay).
+    /// not decode even as an older version are left out (and stay).
     pub async fn unacked(
         &self,
         after_seq: i64,
@@ -425,7 +455,7 @@ impl Journal {
             let seq: i64 = row.get(0);
             let created: i64 = row.get(1);
             let bytes: Vec<u8> = row.get(2);
-            match starling_proto::decode(&bytes) {
+            match stored_event(&bytes) {
                 Ok(event) => entries.push(OutboxEntry {
                     seq,
                     created_ms: from_db(created),
@@ -545,6 +575,50 @@ async fn insert_outbox(
     Ok(())
 }
 
+/// A journaled event, of this protocol version or an older one whose fields
+/// still fit, as this version sends it: a row an older agent wrote before an
+/// upgrade is re-sent, not orphaned. (Assignments keep their version: it is
+/// under the coordinator's signature, and a restored attempt is only run.)
+fn stored_event(bytes: &[u8]) -> Result<TaskEvent, DecodeError> {
+    let mut event: TaskEvent = starling_proto::decode_stored(bytes)?;
+    event.v = starling_proto::PROTOCOL_VERSION;
+    Ok(event)
+}
+
 fn duration_ms(duration: Duration) -> u64 {
     u64::try_from(duration.as_millis()).unwrap_or(u64::MAX)
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+mod tests {
+    use super::*;
+    use starling_proto::{NodeId, PROTOCOL_VERSION};
+
+    fn event_of_version(v: u16) -> Vec<u8> {
+        let mut event = TaskEvent::state(
+            TaskId::new("t").unwrap(),
+            1,
+            NodeId::new("n").unwrap(),
+            TaskState::Running,
+        );
+        event.v = v;
+        starling_proto::encode(&event).unwrap()
+    }
+
+    #[test]
+    fn rows_of_an_older_version_are_read_and_sent_as_this_one() {
+        // They were skipped before, orphaning in-flight attempts after an upgrade.
+        let older = event_of_version(PROTOCOL_VERSION - 1);
+        assert!(starling_proto::decode::<TaskEvent>(&older).is_err());
+        let event = stored_event(&older).unwrap();
+        assert_eq!(event.v, PROTOCOL_VERSION);
+        assert_eq!(event.state, TaskState::Running);
+        // A newer version (a downgrade) is not guessed at.
+        let newer = event_of_version(PROTOCOL_VERSION + 1);
+        assert!(matches!(
+            stored_event(&newer),
+            Err(DecodeError::UnsupportedVersion { .. })
+        ));
+    }
 }

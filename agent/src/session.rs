@@ -107,6 +107,10 @@ pub struct Session {
     attempts: HashMap<AttemptKey, AttemptRecord>,
     /// The runtimes this agent runs (those it advertises).
     runtimes: Vec<Runtime>,
+    /// With a fresh journal: when this agent started (Unix ms, its own
+    /// clock). An assignment issued before then is refused, since nothing
+    /// remembers whether it already ran.
+    issued_floor_ms: Option<u64>,
 }
 
 impl std::fmt::Debug for Session {
@@ -133,7 +137,21 @@ impl Session {
             verifier,
             attempts: HashMap::new(),
             runtimes: vec![Runtime::Wasm],
+            issued_floor_ms: None,
         }
+    }
+
+    /// Refuses every assignment issued (`issued_unix_ms`) before
+    /// `agent_started_ms`, the agent's start by its own clock. Called when the
+    /// journal is fresh ([`crate::journal::Journal::is_fresh`]): an agent that
+    /// lost its journal does not remember what it ran, so a genuine
+    /// assignment replayed inside its validity window would run again. A
+    /// genuine one sent after the start is unaffected, and one sent just
+    /// before (or within the clock difference of the coordinator running
+    /// behind ours) is answered `rejected`, which the coordinator's outbox
+    /// answers with a newly signed copy issued later.
+    pub fn refuse_issued_before(&mut self, agent_started_ms: u64) {
+        self.issued_floor_ms = Some(agent_started_ms);
     }
 
     /// Sets the runtimes the agent runs, as its capability advertises them
@@ -328,6 +346,21 @@ impl Session {
             )));
             return Ok(vec![Action::Publish(self.event_message(&event)?)]);
         }
+        if let Some(floor) = self
+            .issued_floor_ms
+            .filter(|floor| assignment.issued_unix_ms < *floor)
+        {
+            tracing::warn!(task = %key.0, attempt = key.1, issued = assignment.issued_unix_ms,
+                started = floor, "assignment issued before this agent started with a new journal; refused as a possible replay");
+            let mut event =
+                TaskEvent::state(key.0, key.1, self.node_id.clone(), TaskState::Rejected);
+            event.message = Some(starling_proto::task::truncate(&format!(
+                "refused: issued at {} ms, before this agent started at {floor} ms with a new \
+                 journal; a replay cannot be told from work that already ran",
+                assignment.issued_unix_ms
+            )));
+            return Ok(vec![Action::Publish(self.event_message(&event)?)]);
+        }
         if !self.runtimes.contains(&assignment.runtime) {
             let offered: Vec<&str> = self.runtimes.iter().map(|r| r.as_str()).collect();
             let event = TaskEvent::failed(
@@ -432,6 +465,31 @@ impl Session {
     /// Whether an attempt is remembered.
     pub fn knows(&self, task_id: &TaskId, attempt: u32) -> bool {
         self.attempts.contains_key(&(task_id.clone(), attempt))
+    }
+
+    /// Lists the attempts held unfinished (accepted, waiting or running) in
+    /// `telemetry`, so the coordinator can reconcile them with its own view;
+    /// `attempts_complete` says whether all of them fit.
+    pub fn list_attempts(&self, telemetry: &mut starling_proto::Telemetry) {
+        let mut unfinished: Vec<&AttemptKey> = self
+            .attempts
+            .iter()
+            .filter(|(_, record)| !record.last_event.state.is_terminal())
+            .map(|(key, _)| key)
+            .collect();
+        unfinished.sort();
+        telemetry.attempts.clear();
+        telemetry.attempts_complete = true;
+        for (task_id, attempt) in unfinished {
+            let listed = starling_proto::AttemptRef {
+                task_id: task_id.clone(),
+                attempt: *attempt,
+            };
+            if telemetry.attempts.push(listed).is_err() {
+                telemetry.attempts_complete = false;
+                break;
+            }
+        }
     }
 
     /// How many attempts are remembered.
@@ -824,5 +882,103 @@ mod tests {
         assert_eq!(online.topic, "starling/v1/nodes/n1/status");
         let status: Status = starling_proto::decode(&online.payload).unwrap();
         assert_eq!(status.state, NodeState::Online);
+    }
+
+    #[test]
+    fn a_fresh_journal_refuses_assignments_issued_before_the_start() {
+        // Finding 9: a node that lost its journal ran a genuine assignment
+        // again when it was replayed inside its validity window.
+        let started = NOW + 10_000;
+        let mut s = session();
+        s.refuse_issued_before(started);
+        let topic = s.subscriptions()[0].0.clone();
+        let replayed = assignment("ran-before", 1);
+        assert!(
+            replayed.expires_unix_ms > started,
+            "still valid: only the new rule refuses it"
+        );
+        let actions = s.on_publish(&topic, &encoded(&replayed), started).unwrap();
+        let event = published_event(&actions[0]);
+        assert_eq!(event.state, TaskState::Rejected);
+        assert!(event.message.unwrap().contains("before this agent started"));
+        assert!(
+            !s.knows(&TaskId::new("ran-before").unwrap(), 1),
+            "leaves no trace"
+        );
+
+        // The coordinator's re-send is signed anew, issued after the start: it runs.
+        let mut resent = assignment("ran-before", 1);
+        resent.issued_unix_ms = started;
+        resent.expires_unix_ms = started + 60_000;
+        sign(&mut resent);
+        let actions = s
+            .on_publish(&topic, &encoded(&resent), started + 1)
+            .unwrap();
+        assert!(matches!(actions[0], Action::Accept { .. }), "{actions:?}");
+
+        // Without the rule (the journal remembers), the same replay would run.
+        let mut remembering = session();
+        let actions = remembering
+            .on_publish(&topic, &encoded(&replayed), started)
+            .unwrap();
+        assert!(matches!(actions[0], Action::Accept { .. }), "{actions:?}");
+    }
+
+    #[test]
+    fn telemetry_lists_unfinished_attempts_and_says_when_it_is_cut() {
+        let mut s = session();
+        let topic = s.subscriptions()[0].0.clone();
+        for n in 0..3 {
+            s.on_publish(&topic, &encoded(&assignment(&format!("t{n}"), 1)), NOW)
+                .unwrap();
+        }
+        s.on_task_event(TaskEvent::state(
+            TaskId::new("t1").unwrap(),
+            1,
+            s.node_id().clone(),
+            TaskState::Succeeded,
+        ));
+        let mut telemetry = starling_proto::Telemetry {
+            v: PROTOCOL_VERSION,
+            node_id: s.node_id().clone(),
+            seq: 1,
+            uptime_ms: 1,
+            cpu_load: 0.0,
+            free_memory_bytes: 0,
+            io_read_bps: 0,
+            io_write_bps: 0,
+            link: starling_proto::LinkState {
+                rtt_ms: None,
+                bandwidth_mbps: None,
+                loss: None,
+            },
+            running_tasks: 0,
+            queued_tasks: 0,
+            power_level: 0,
+            energy_joules: 0.0,
+            attempts: Default::default(),
+            attempts_complete: false,
+        };
+        s.list_attempts(&mut telemetry);
+        let listed: Vec<(&str, u32)> = telemetry
+            .attempts
+            .iter()
+            .map(|a| (a.task_id.as_str(), a.attempt))
+            .collect();
+        assert_eq!(
+            listed,
+            [("t0", 1), ("t2", 1)],
+            "finished ones are not listed"
+        );
+        assert!(telemetry.attempts_complete);
+
+        let limit = starling_proto::limits::MAX_LISTED_ATTEMPTS;
+        for n in 0..limit {
+            s.on_publish(&topic, &encoded(&assignment(&format!("u{n}"), 1)), NOW)
+                .unwrap();
+        }
+        s.list_attempts(&mut telemetry);
+        assert_eq!(telemetry.attempts.len(), limit);
+        assert!(!telemetry.attempts_complete, "more held than fit");
     }
 }

@@ -117,6 +117,9 @@ impl TelemetrySampler {
             queued_tasks: u16::try_from(counts.queued).unwrap_or(u16::MAX),
             power_level,
             energy_joules: self.energy_joules,
+            // The session fills these in (`Session::list_attempts`).
+            attempts: Default::default(),
+            attempts_complete: false,
         }
     }
 

@@ -149,6 +149,10 @@ pub(crate) struct Counters {
     pub(crate) nodes_suspected: std::sync::atomic::AtomicU64,
     /// Cancels sent for work on attempts that are no longer current.
     pub(crate) stale_cancels: std::sync::atomic::AtomicU64,
+    /// Attempts ended for running past their wall-time limit plus the grace.
+    pub(crate) attempts_overdue: std::sync::atomic::AtomicU64,
+    /// Attempts ended because their online node did not list them.
+    pub(crate) attempts_unknown_to_node: std::sync::atomic::AtomicU64,
 }
 
 impl Counters {
@@ -533,6 +537,18 @@ pub async fn start(config: CoordinatorConfig) -> Result<Running, StartError> {
                 counters: shared.counters.clone(),
                 wake_scheduler: shared.wake_scheduler.clone(),
                 node_timeout_ms: shared.node_timeout_ms,
+                max_attempts: shared.max_attempts,
+            },
+            stop_rx.clone(),
+        )),
+        tokio::spawn(loops::attempts::run(
+            loops::attempts::Attempts {
+                registry: shared.registry.clone(),
+                store: shared.store.clone(),
+                publisher: shared.publisher.clone(),
+                counters: shared.counters.clone(),
+                wake_scheduler: shared.wake_scheduler.clone(),
+                grace_ms: u64::try_from(config.attempt_grace.as_millis()).unwrap_or(u64::MAX),
                 max_attempts: shared.max_attempts,
             },
             stop_rx.clone(),

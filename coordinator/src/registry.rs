@@ -22,6 +22,10 @@ pub struct NodeEntry {
     /// Whether it is offline because it fell silent (no last will arrived):
     /// its next telemetry brings it back online.
     pub silent: bool,
+    /// Whether the node announced a new session (an `online` status) since
+    /// its latest telemetry: the next sample starts a new ordering, whatever
+    /// its sequence number and uptime.
+    pub new_session: bool,
 }
 
 impl NodeEntry {
@@ -67,6 +71,15 @@ pub enum RegistryChange {
     /// first, and a broker replays retained messages in its own order.
     AwaitingCapability(NodeId),
 }
+
+/// How long after the held telemetry (by the coordinator's receive clock) a
+/// sample with a lower sequence number still counts as a reordered copy and
+/// is dropped. Past it, the later arrival wins: a node's numbering orders
+/// samples that cross each other in flight, it never outranks our clock, so a
+/// jump in `seq` (a bug, or a forged `seq: u64::MAX`) holds the node's figures
+/// for at most this long. Telemetry is QoS 0 and never retained, so copies do
+/// not linger in the broker longer than this.
+pub const REORDER_WINDOW_MS: u64 = 2_000;
 
 /// Most statuses held for nodes whose capability has not arrived; beyond it,
 /// such statuses are refused so that a flood of made-up node ids costs nothing.
@@ -121,6 +134,7 @@ impl Registry {
                         last_seen_ms: now_ms,
                         telemetry_received_ms: None,
                         silent: false,
+                        new_session: false,
                     },
                 );
                 // A held status counts as a change now that the node is known:
@@ -135,8 +149,12 @@ impl Registry {
         Ok(RegistryChange::NodeRegistered(id))
     }
 
-    /// Records a telemetry report. A report older than the one held (lower
-    /// sequence number within the same agent run) is dropped.
+    /// Records a telemetry report received at `now_ms` (the coordinator's
+    /// clock). Liveness goes by that clock alone: any report from the node is
+    /// proof of life, so `last_seen_ms` moves and a silent node is online
+    /// again whatever the report's numbers say. The figures shown are
+    /// replaced unless the report is an older copy of the held one
+    /// ([`Registry::is_reordered`]).
     pub fn apply_telemetry(
         &mut self,
         topic_node: &NodeId,
@@ -149,16 +167,13 @@ impl Registry {
             .nodes
             .get_mut(&id)
             .ok_or_else(|| RegistryError::UnknownNode(id.to_string()))?;
-        if let Some(previous) = &entry.telemetry {
-            // A restarted agent starts its sequence again with a smaller uptime.
-            let same_run = telemetry.uptime_ms >= previous.uptime_ms;
-            if same_run && telemetry.seq <= previous.seq {
-                return Ok(RegistryChange::StaleTelemetry(id));
-            }
-        }
-        entry.telemetry = Some(telemetry);
         entry.last_seen_ms = now_ms;
-        entry.telemetry_received_ms = Some(now_ms);
+        let reordered = Self::is_reordered(entry, &telemetry, now_ms);
+        if !reordered {
+            entry.telemetry = Some(telemetry);
+            entry.telemetry_received_ms = Some(now_ms);
+            entry.new_session = false;
+        }
         if entry.silent {
             // Telemetry is never retained, so it is proof of life: the link
             // came back without the agent reconnecting (or before its status).
@@ -166,7 +181,31 @@ impl Registry {
             entry.state = Some(NodeState::Online);
             return Ok(RegistryChange::NodeOnline(id));
         }
-        Ok(RegistryChange::TelemetryUpdated(id))
+        Ok(if reordered {
+            RegistryChange::StaleTelemetry(id)
+        } else {
+            RegistryChange::TelemetryUpdated(id)
+        })
+    }
+
+    /// Whether `telemetry` is an older copy of the sample held: same node
+    /// session (no `online` status since, uptime not gone down by more than
+    /// the window), a sequence
+    /// number not above the held one, and arrived within
+    /// [`REORDER_WINDOW_MS`] of it by the coordinator's clock.
+    fn is_reordered(entry: &NodeEntry, telemetry: &Telemetry, now_ms: u64) -> bool {
+        let (Some(previous), Some(received_ms)) = (&entry.telemetry, entry.telemetry_received_ms)
+        else {
+            return false;
+        };
+        // Uptime far below the held one is a restarted agent; a little below
+        // is an older sample of the same run that crossed the held one.
+        let restarted =
+            telemetry.uptime_ms.saturating_add(REORDER_WINDOW_MS) < previous.uptime_ms;
+        let same_session = !entry.new_session && !restarted;
+        same_session
+            && telemetry.seq <= previous.seq
+            && now_ms.saturating_sub(received_ms) < REORDER_WINDOW_MS
     }
 
     /// Records a status message (including an agent's last will).
@@ -190,6 +229,10 @@ impl Registry {
         let previous = entry.state.replace(status.state);
         entry.last_seen_ms = now_ms;
         entry.silent = false;
+        if status.state == NodeState::Online {
+            // A (re)connected agent: its telemetry numbering starts over.
+            entry.new_session = true;
+        }
         Ok(match (previous, status.state) {
             (Some(before), after) if before == after => RegistryChange::Unchanged(id),
             (_, NodeState::Online) => RegistryChange::NodeOnline(id),
@@ -321,6 +364,8 @@ pub(crate) mod tests {
             queued_tasks: 0,
             power_level: 0,
             energy_joules: 0.0,
+            attempts: Default::default(),
+            attempts_complete: false,
         }
     }
 
@@ -466,5 +511,114 @@ pub(crate) mod tests {
             Ok(RegistryChange::TelemetryUpdated(id.clone()))
         );
         assert!(!registry.get(&id).unwrap().online());
+    }
+
+    fn online_node(registry: &mut Registry, name: &str) -> NodeId {
+        let id = NodeId::new(name).unwrap();
+        registry.apply_capability(&id, capability(name), 0).unwrap();
+        registry
+            .apply_status(&id, status(name, NodeState::Online), 0)
+            .unwrap();
+        id
+    }
+
+    #[test]
+    fn one_forged_sample_cannot_lock_a_node_out() {
+        // Finding 3: `uptime_ms: 0, seq: u64::MAX` once made every real
+        // sample look stale, so the node fell silent and stayed offline.
+        let mut registry = Registry::new();
+        let id = online_node(&mut registry, "victim");
+        registry
+            .apply_telemetry(&id, telemetry("victim", 10, 10_000), 1_000)
+            .unwrap();
+        assert_eq!(
+            registry.apply_telemetry(&id, telemetry("victim", u64::MAX, 0), 1_100),
+            Ok(RegistryChange::TelemetryUpdated(id.clone()))
+        );
+        // The real agent goes on with seq 11, 12, ... every 500 ms.
+        let mut shown_real_at = None;
+        for step in 1..=20u64 {
+            let now = 1_100 + step * 500;
+            let change = registry
+                .apply_telemetry(
+                    &id,
+                    telemetry("victim", 10 + step, 10_000 + step * 500),
+                    now,
+                )
+                .unwrap();
+            let entry = registry.get(&id).unwrap();
+            assert_eq!(entry.last_seen_ms, now, "every sample is proof of life");
+            if change == RegistryChange::TelemetryUpdated(id.clone()) && shown_real_at.is_none() {
+                shown_real_at = Some(now);
+            }
+        }
+        let shown_real_at = shown_real_at.expect("real telemetry is shown again");
+        assert!(
+            shown_real_at - 1_100 <= REORDER_WINDOW_MS + 500,
+            "held off for at most the reorder window: {shown_real_at}"
+        );
+        assert_eq!(
+            registry.get(&id).unwrap().telemetry.as_ref().unwrap().seq,
+            30
+        );
+        // Never suspected: silence is measured on our clock.
+        assert!(registry.suspect_silent(11_100 + 4_999, 5_000, 0).is_empty());
+        assert!(registry.get(&id).unwrap().online());
+    }
+
+    #[test]
+    fn liveness_goes_by_the_receive_clock_whatever_the_numbers() {
+        let mut registry = Registry::new();
+        let id = online_node(&mut registry, "n");
+        registry
+            .apply_telemetry(&id, telemetry("n", 5, 5_000), 1_000)
+            .unwrap();
+        // A reordered copy (lower seq, within the window) keeps the figures
+        // but still counts as heard from.
+        assert_eq!(
+            registry.apply_telemetry(&id, telemetry("n", 4, 4_500), 1_200),
+            Ok(RegistryChange::StaleTelemetry(id.clone()))
+        );
+        let entry = registry.get(&id).unwrap();
+        assert_eq!(entry.telemetry.as_ref().unwrap().seq, 5);
+        assert_eq!(entry.last_seen_ms, 1_200);
+        assert_eq!(entry.telemetry_received_ms, Some(1_000));
+        // A silent node comes back on any sample, even one whose figures are dropped.
+        assert_eq!(registry.suspect_silent(7_000, 5_000, 0), vec![id.clone()]);
+        assert_eq!(
+            registry.apply_telemetry(&id, telemetry("n", 1, 9_000), 7_000),
+            Ok(RegistryChange::NodeOnline(id.clone()))
+        );
+    }
+
+    #[test]
+    fn a_new_session_resets_the_ordering() {
+        let mut registry = Registry::new();
+        let id = online_node(&mut registry, "r");
+        registry
+            .apply_telemetry(&id, telemetry("r", u64::MAX, 0), 1_000)
+            .unwrap();
+        // The restarted agent announces itself online; its first sample
+        // (seq 1, small uptime above the forged 0) is shown at once.
+        registry
+            .apply_status(&id, status("r", NodeState::Online), 1_100)
+            .unwrap();
+        assert_eq!(
+            registry.apply_telemetry(&id, telemetry("r", 1, 300), 1_200),
+            Ok(RegistryChange::TelemetryUpdated(id.clone()))
+        );
+        // Then ordering holds again within the new session.
+        assert_eq!(
+            registry.apply_telemetry(&id, telemetry("r", 1, 300), 1_300),
+            Ok(RegistryChange::StaleTelemetry(id.clone()))
+        );
+        // Uptime going down is a new session too.
+        registry
+            .apply_telemetry(&id, telemetry("r", 9, 9_000), 1_400)
+            .unwrap();
+        assert_eq!(
+            registry.apply_telemetry(&id, telemetry("r", 2, 100), 1_500),
+            Ok(RegistryChange::TelemetryUpdated(id.clone()))
+        );
     }
 }

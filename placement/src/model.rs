@@ -789,6 +789,8 @@ mod tests {
             queued_tasks: 1,
             power_level: 0,
             energy_joules: 55.0,
+            attempts: Default::default(),
+            attempts_complete: false,
         };
         let view = NodeView::from_reports(&capability, Some(&telemetry), false);
         assert!(!view.online);

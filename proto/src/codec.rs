@@ -228,6 +228,29 @@ pub fn decode<M: Message>(bytes: &[u8]) -> Result<M, DecodeError> {
     Ok(message)
 }
 
+/// Decodes a message this peer stored itself (an agent's journal), written
+/// by this protocol version or an older one: the same checks as [`decode`],
+/// except that an older `v` is accepted when the bytes still fit the current
+/// fields (fields added since are `#[serde(default)]` or the decode fails).
+/// A newer version (a downgrade) is refused. The caller decides what the
+/// old version number means for what it does next.
+pub fn decode_stored<M: Message>(bytes: &[u8]) -> Result<M, DecodeError> {
+    match decode::<M>(bytes) {
+        Err(DecodeError::UnsupportedVersion { got, .. }) if got < PROTOCOL_VERSION => {
+            let message: M = serde_cbor::from_slice(bytes).map_err(|e| DecodeError::Invalid {
+                message: M::NAME,
+                detail: format!("{e}"),
+            })?;
+            message.check().map_err(|detail| DecodeError::Invalid {
+                message: M::NAME,
+                detail,
+            })?;
+            Ok(message)
+        }
+        other => other,
+    }
+}
+
 /// What an open container still expects.
 enum Open {
     /// A definite number of items remain.

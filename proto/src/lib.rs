@@ -28,7 +28,7 @@ pub use capability::{
     Capability, CpuInfo, DiskInfo, GpuDevice, GpuKind, NetInterface, PowerLevel, RateSource,
     Runtime,
 };
-pub use codec::{decode, encode, DecodeError, EncodeError, Message};
+pub use codec::{decode, decode_stored, encode, DecodeError, EncodeError, Message};
 pub use ids::{Digest, IdError, Label, NodeId, TaskId};
 pub use site::{ClassCapacity, PowerBand, SiteDigest, SiteId, WorkClass};
 pub use status::{NodeState, Status};
@@ -38,7 +38,7 @@ pub use task::{
 };
 #[cfg(feature = "ed25519")]
 pub use task::{KeyHex, PublisherSignatureError};
-pub use telemetry::{LinkState, Telemetry};
+pub use telemetry::{AttemptRef, LinkState, Telemetry};
 pub use topic::{Channel, TopicError, Topics};
 
 /// The version of the wire format every message carries in its `v` field.

@@ -34,6 +34,9 @@ pub const TEXT_LEN: usize = 128;
 pub const MESSAGE_LEN: usize = 2048;
 /// Most GPU or accelerator devices reported by one node.
 pub const MAX_GPUS: usize = 8;
+/// Most unfinished attempts one telemetry report lists; a node holding more
+/// lists these and says the list is incomplete.
+pub const MAX_LISTED_ATTEMPTS: usize = 32;
 /// Most disks reported by one node.
 pub const MAX_DISKS: usize = 16;
 /// Most network interfaces reported by one node.

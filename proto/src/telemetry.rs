@@ -2,7 +2,17 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::ids::NodeId;
+use crate::ids::{NodeId, TaskId};
+use crate::limits::MAX_LISTED_ATTEMPTS;
+
+/// One attempt of a task, as the node holds it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AttemptRef {
+    /// The task.
+    pub task_id: TaskId,
+    /// The attempt number the coordinator gave it.
+    pub attempt: u32,
+}
 
 /// The network path from the node to the broker, as the agent measured it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -44,4 +54,16 @@ pub struct Telemetry {
     pub power_level: u8,
     /// Estimated energy used since the agent started, in joules.
     pub energy_joules: f64,
+    /// The attempts the node holds unfinished (accepted, waiting for a slot
+    /// or running), at most [`MAX_LISTED_ATTEMPTS`]. The coordinator
+    /// reconciles them with its own view: an attempt it does not know (or
+    /// has ended) is cancelled, one missing from a complete list is placed
+    /// again. Absent in reports of older agents.
+    #[serde(default)]
+    pub attempts: heapless::Vec<AttemptRef, MAX_LISTED_ATTEMPTS>,
+    /// Whether `attempts` lists every unfinished attempt. False when the node
+    /// holds more than fit, and in reports of agents that do not list them:
+    /// the coordinator then re-places nothing for being missing.
+    #[serde(default)]
+    pub attempts_complete: bool,
 }

@@ -207,6 +207,8 @@ fn telemetry() -> impl Strategy<Value = Telemetry> {
             queued_tasks: 2,
             power_level: 1,
             energy_joules: 12.5,
+            attempts: Default::default(),
+            attempts_complete: false,
         })
 }
 

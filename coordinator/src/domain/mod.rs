@@ -5,8 +5,11 @@
 //!
 //! `reconcile`: what an agent's event does to its task. `delivery`: when an
 //! unacknowledged assignment is sent again. `liveness`: whose work goes back
-//! to the queue when nodes fall silent or stay away.
+//! to the queue when nodes fall silent or stay away. `attempts`: which
+//! attempts on online nodes end (past their wall time, or unknown to their
+//! node) and which a node is told to stop.
 
+pub mod attempts;
 pub mod delivery;
 pub mod liveness;
 pub mod reconcile;
@@ -27,6 +30,7 @@ mod tests {
     /// Every source file of the module, by name. A new file must be listed
     /// here; `every_source_file_is_checked` fails until it is.
     const SOURCES: &[(&str, &str)] = &[
+        ("attempts.rs", include_str!("attempts.rs")),
         ("delivery.rs", include_str!("delivery.rs")),
         ("liveness.rs", include_str!("liveness.rs")),
         ("mod.rs", include_str!("mod.rs")),

@@ -35,7 +35,7 @@ mod tasks;
 
 pub use events::{failure_reason_name, AttemptRecord, EventOutcome, EventRecord};
 pub use outbox::OutboxEntry;
-pub use tasks::{CancelOutcome, LostTask, NewTask, TaskRecord};
+pub use tasks::{CancelOutcome, InFlightAttempt, LostTask, NewTask, TaskRecord};
 
 /// The migrations, shared by both backends.
 static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations");

@@ -107,6 +107,24 @@ pub struct LostTask {
     pub status: TaskStatus,
 }
 
+/// An attempt in flight on a node of this site, with what the attempt
+/// rules (`domain::attempts`) look at.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct InFlightAttempt {
+    /// The task.
+    pub task_id: String,
+    /// Its current attempt.
+    pub attempt: u32,
+    /// The node it was given to.
+    pub node_id: String,
+    /// When it was assigned, Unix ms.
+    pub assigned_ms: u64,
+    /// When its `running` event arrived, Unix ms.
+    pub running_since_ms: Option<u64>,
+    /// The task's wall-time limit, ms.
+    pub wall_ms: u64,
+}
+
 impl Store {
     /// Stores a new task in state `pending`.
     pub async fn insert_task(&self, task: &NewTask) -> Result<(), StoreError> {
@@ -377,6 +395,122 @@ impl Store {
             Ok::<Vec<LostTask>, sqlx::Error>(lost)
         })?;
         Ok(lost)
+    }
+
+    /// Up to `limit` attempts in flight on nodes of this site (forwarded ones
+    /// excluded), oldest task first.
+    pub async fn in_flight_attempts(&self, limit: u32) -> Result<Vec<InFlightAttempt>, StoreError> {
+        let sql = "SELECT t.id, t.attempt, t.node_id, a.assigned_ms, e.received_ms, t.limits \
+                   FROM tasks t \
+                   JOIN attempts a ON a.task_id = t.id AND a.attempt = t.attempt \
+                   LEFT JOIN events e ON e.task_id = t.id AND e.attempt = t.attempt AND e.state = 'running' \
+                   WHERE t.state IN ('assigned', 'running') AND t.node_id IS NOT NULL \
+                   ORDER BY t.created_ms ASC, t.id ASC LIMIT $1";
+        type Row = (String, i64, String, i64, Option<i64>, String);
+        let rows: Vec<Row> = with_pool!(self, pool => sqlx::query_as(sql)
+            .bind(i64::from(limit))
+            .fetch_all(pool)
+            .await)?;
+        rows.into_iter()
+            .map(
+                |(task_id, attempt, node_id, assigned_ms, running_ms, limits)| {
+                    let limits: TaskLimits =
+                        serde_json::from_str(&limits).map_err(|e| corrupt("tasks.limits", e))?;
+                    Ok(InFlightAttempt {
+                        task_id,
+                        attempt: u32::try_from(attempt).unwrap_or(0),
+                        node_id,
+                        assigned_ms: from_db(assigned_ms),
+                        running_since_ms: running_ms.map(from_db),
+                        wall_ms: limits.wall_ms,
+                    })
+                },
+            )
+            .collect()
+    }
+
+    /// Ends one attempt the coordinator gave up on (`domain::attempts`): if
+    /// it is still the task's current attempt on `node_id`, it is marked
+    /// lost and leaves the outbox, and the task goes back to `pending` for a
+    /// new attempt, or to `failed` with `reason` once `max_attempts` were
+    /// made, or to `cancelled` when a cancel was pending. Returns `None`
+    /// when the attempt had moved on meanwhile (nothing changes then).
+    pub async fn end_attempt(
+        &self,
+        task_id: &str,
+        attempt: u32,
+        node_id: &str,
+        reason: &str,
+        max_attempts: u32,
+        now_ms: u64,
+    ) -> Result<Option<LostTask>, StoreError> {
+        let select = "SELECT cancel_requested FROM tasks \
+                      WHERE id = $1 AND attempt = $2 AND node_id = $3 AND state IN ('assigned', 'running')";
+        let mark_attempt = "UPDATE attempts SET state = 'lost', finished_ms = $3 \
+                            WHERE task_id = $1 AND attempt = $2";
+        let insert_event = "INSERT INTO events (task_id, attempt, state, node_id, received_ms, output_bytes) \
+                            VALUES ($1, $2, 'lost', $3, $4, 0) ON CONFLICT (task_id, attempt, state) DO NOTHING";
+        let retry = "UPDATE tasks SET state = 'pending', node_id = NULL, power_level = NULL, updated_ms = $2 \
+                     WHERE id = $1";
+        let cancel = "UPDATE tasks SET state = 'cancelled', updated_ms = $2 WHERE id = $1";
+        let give_up =
+            "UPDATE tasks SET state = 'failed', failure_reason = $3, failure_message = $4, \
+                       updated_ms = $2 WHERE id = $1";
+        let clear_outbox = "DELETE FROM outbox WHERE task_id = $1";
+        let ended = with_pool!(self, pool => {
+            let mut tx = pool.begin().await?;
+            let row: Option<(i64,)> = sqlx::query_as(select)
+                .bind(task_id)
+                .bind(i64::from(attempt))
+                .bind(node_id)
+                .fetch_optional(&mut *tx)
+                .await?;
+            let Some((cancel_requested,)) = row else {
+                tx.rollback().await?;
+                return Ok(None);
+            };
+            sqlx::query(mark_attempt)
+                .bind(task_id)
+                .bind(i64::from(attempt))
+                .bind(to_db(now_ms))
+                .execute(&mut *tx)
+                .await?;
+            sqlx::query(insert_event)
+                .bind(task_id)
+                .bind(i64::from(attempt))
+                .bind(node_id)
+                .bind(to_db(now_ms))
+                .execute(&mut *tx)
+                .await?;
+            sqlx::query(clear_outbox).bind(task_id).execute(&mut *tx).await?;
+            let status = if cancel_requested != 0 {
+                sqlx::query(cancel).bind(task_id).bind(to_db(now_ms)).execute(&mut *tx).await?;
+                TaskStatus::Cancelled
+            } else if attempt < max_attempts {
+                sqlx::query(retry).bind(task_id).bind(to_db(now_ms)).execute(&mut *tx).await?;
+                TaskStatus::Pending
+            } else {
+                let message = format!(
+                    "the coordinator ended attempt {attempt} on node {node_id} ({reason}); \
+                     no attempts left (limit {max_attempts})"
+                );
+                sqlx::query(give_up)
+                    .bind(task_id)
+                    .bind(to_db(now_ms))
+                    .bind(reason)
+                    .bind(message)
+                    .execute(&mut *tx)
+                    .await?;
+                TaskStatus::Failed
+            };
+            tx.commit().await?;
+            Ok::<Option<LostTask>, sqlx::Error>(Some(LostTask {
+                task_id: task_id.to_owned(),
+                attempt,
+                status,
+            }))
+        })?;
+        Ok(ended)
     }
 
     /// Cancels a pending task at once, or marks a running one so the caller

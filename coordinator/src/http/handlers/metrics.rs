@@ -110,6 +110,21 @@ pub(crate) async fn metrics(State(shared): State<Arc<Shared>>) -> Result<Respons
         "Cancels sent to nodes reporting work on an attempt that is no longer current.",
         &[(String::new(), counters.stale_cancels.load(Relaxed))],
     );
+    metric(
+        "starling_attempts_ended_total",
+        "counter",
+        "Attempts on online nodes the coordinator ended: past their wall-time limit plus the grace, or not held by their node.",
+        &[
+            (
+                "{reason=\"wall_time_exceeded\"}".to_string(),
+                counters.attempts_overdue.load(Relaxed),
+            ),
+            (
+                "{reason=\"unknown_to_node\"}".to_string(),
+                counters.attempts_unknown_to_node.load(Relaxed),
+            ),
+        ],
+    );
     if let Some(federation) = &shared.federation {
         let gossip = federation.gossip.counters();
         let sites = federation.gossip.table().entries(std::time::Instant::now());

@@ -153,6 +153,8 @@ pub fn telemetry(id: &str, seq: u64) -> Telemetry {
         queued_tasks: 0,
         power_level: 0,
         energy_joules: 1.5,
+        attempts: Default::default(),
+        attempts_complete: false,
     }
 }
 

@@ -1,0 +1,252 @@
+//! Liveness by the coordinator's clock, and every attempt ends, across real
+//! processes over Mosquitto: one forged telemetry sample (`uptime_ms: 0`,
+//! `seq: u64::MAX`) published with a node's own credentials does not keep
+//! the node offline, and an attempt an online node does not hold (its
+//! telemetry lists nothing) is ended and, attempts spent, fails with a
+//! typed reason instead of staying `assigned` forever.
+
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use starling_proto::{
+    encode, Capability, Channel, CpuInfo, LinkState, NodeId, NodeState, Runtime, Status, Telemetry,
+    Topics, PROTOCOL_VERSION,
+};
+use starling_tests::{modules, wasm_file, Agent, Coordinator, Mosquitto, Store};
+
+/// Publishes `payload` on `topic` with `mosquitto_pub`, logged in as `user`.
+fn publish_as(port: u16, user: Option<(&str, &str)>, topic: &str, payload: &[u8], retain: bool) {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("payload");
+    std::fs::write(&file, payload).unwrap();
+    let mut command = Command::new("mosquitto_pub");
+    command
+        .args(["-h", "127.0.0.1", "-p", &port.to_string(), "-q", "1"])
+        .args(["-i", &format!("raw-{}", std::process::id())])
+        .args(["-t", topic, "-f"])
+        .arg(&file);
+    if let Some((name, password)) = user {
+        command.args(["-u", name, "-P", password]);
+    }
+    if retain {
+        command.arg("-r");
+    }
+    let status = command.status().expect("mosquitto_pub is installed");
+    assert!(status.success());
+}
+
+fn telemetry(node: &str, seq: u64, uptime_ms: u64) -> Telemetry {
+    Telemetry {
+        v: PROTOCOL_VERSION,
+        node_id: NodeId::new(node).unwrap(),
+        seq,
+        uptime_ms,
+        cpu_load: 0.0,
+        free_memory_bytes: 4 << 30,
+        io_read_bps: 0,
+        io_write_bps: 0,
+        link: LinkState {
+            rtt_ms: None,
+            bandwidth_mbps: None,
+            loss: None,
+        },
+        running_tasks: 0,
+        queued_tasks: 0,
+        power_level: 0,
+        energy_joules: 0.0,
+        attempts: Default::default(),
+        attempts_complete: true,
+    }
+}
+
+fn node_detail(coordinator: &Coordinator, node: &str) -> serde_json::Value {
+    let (status, body) = coordinator.http("GET", &format!("/api/v1/nodes/{node}"), None);
+    assert_eq!(status, 200, "{body}");
+    serde_json::from_str(&body).unwrap()
+}
+
+#[test]
+fn one_forged_telemetry_sample_does_not_keep_a_node_offline() {
+    let _turn = crate::alongside();
+    let broker = Mosquitto::start();
+    let coordinator =
+        Coordinator::start(Some(&broker.url), Store::Sqlite, &["--node-timeout", "2s"]);
+    let agent = Agent::start(&coordinator, &broker.url, "victim", "");
+    coordinator.wait_for_nodes(1, Duration::from_secs(60));
+    // The attacker holds the node's own MQTT credentials.
+    let credentials: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(agent.dir.path().join("credentials.json")).unwrap())
+            .unwrap();
+    let user = (
+        credentials["mqtt_username"].as_str().unwrap(),
+        credentials["mqtt_password"].as_str().unwrap(),
+    );
+    let topic = Topics::default().node(&NodeId::new("victim").unwrap(), Channel::Telemetry);
+    let forged = encode(&telemetry("victim", u64::MAX, 0)).unwrap();
+    publish_as(broker.port, Some(user), &topic, &forged, false);
+
+    // The forged sample reached the registry (when nothing refuses it on the
+    // way): it is shown until a later real one replaces it.
+    let start = Instant::now();
+    let mut seen_forged = false;
+    while start.elapsed() < Duration::from_secs(1) && !seen_forged {
+        let node = node_detail(&coordinator, "victim");
+        seen_forged = node["telemetry"]["seq"].as_u64() == Some(u64::MAX);
+        std::thread::sleep(Duration::from_millis(50));
+    }
+
+    // Three node timeouts later the node was online throughout, and its real
+    // telemetry is shown again, moving on.
+    let start = Instant::now();
+    let mut last = node_detail(&coordinator, "victim");
+    while start.elapsed() < Duration::from_secs(6) {
+        assert_eq!(
+            last["online"],
+            true,
+            "the node went offline after a forged sample (seen: {seen_forged}): {last:#}\n{}",
+            coordinator.process.log()
+        );
+        std::thread::sleep(Duration::from_millis(250));
+        last = node_detail(&coordinator, "victim");
+    }
+    let first_seq = last["telemetry"]["seq"].as_u64().unwrap();
+    assert!(first_seq < u64::MAX, "real telemetry is shown: {last:#}");
+    std::thread::sleep(Duration::from_millis(1_500));
+    let later = node_detail(&coordinator, "victim");
+    assert!(
+        later["telemetry"]["seq"].as_u64().unwrap() > first_seq,
+        "later real telemetry is shown: {later:#}"
+    );
+}
+
+/// A node that says it is online, advertises wasm, and whose telemetry
+/// lists no attempt, whatever it is sent: it never runs anything.
+struct HollowNode {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl HollowNode {
+    fn start(port: u16, node: &str) -> Self {
+        let id = NodeId::new(node).unwrap();
+        let topics = Topics::default();
+        let mut capability = Capability {
+            v: PROTOCOL_VERSION,
+            node_id: id.clone(),
+            agent_version: "0.1.0".try_into().unwrap(),
+            arch: "x86_64".try_into().unwrap(),
+            os: "linux".try_into().unwrap(),
+            cpu: CpuInfo {
+                model: "hollow".try_into().unwrap(),
+                cores: 4,
+                min_mhz: 800,
+                max_mhz: 3000,
+            },
+            memory_bytes: 8 << 30,
+            gpus: Default::default(),
+            disks: Default::default(),
+            interfaces: Default::default(),
+            labels: Default::default(),
+            runtimes: Default::default(),
+            power_levels: Default::default(),
+        };
+        capability.runtimes.push(Runtime::Wasm).unwrap();
+        publish_as(
+            port,
+            None,
+            &topics.node(&id, Channel::Capability),
+            &encode(&capability).unwrap(),
+            true,
+        );
+        let status = Status {
+            v: PROTOCOL_VERSION,
+            node_id: id.clone(),
+            state: NodeState::Online,
+        };
+        publish_as(
+            port,
+            None,
+            &topics.node(&id, Channel::Status),
+            &encode(&status).unwrap(),
+            true,
+        );
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let stopping = stop.clone();
+        let node = node.to_string();
+        let thread = std::thread::spawn(move || {
+            let topic = topics.node(&id, Channel::Telemetry);
+            let started = Instant::now();
+            let mut seq = 0;
+            // Bounded: the test is over well within a minute.
+            while !stopping.load(std::sync::atomic::Ordering::SeqCst)
+                && started.elapsed() < Duration::from_secs(90)
+            {
+                seq += 1;
+                let uptime = started.elapsed().as_millis() as u64;
+                let sample = encode(&telemetry(&node, seq, uptime)).unwrap();
+                publish_as(port, None, &topic, &sample, false);
+                std::thread::sleep(Duration::from_millis(300));
+            }
+        });
+        Self {
+            stop,
+            thread: Some(thread),
+        }
+    }
+}
+
+impl Drop for HollowNode {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::SeqCst);
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+#[test]
+fn an_attempt_its_online_node_does_not_hold_ends_instead_of_staying_assigned() {
+    let _turn = crate::alongside();
+    let broker = Mosquitto::start();
+    let coordinator = Coordinator::start(
+        Some(&broker.url),
+        Store::Sqlite,
+        &["--attempt-grace", "1s", "--node-timeout", "5s"],
+    );
+    let _hollow = HollowNode::start(broker.port, "hollow");
+    coordinator.wait_for_nodes(1, Duration::from_secs(30));
+    let dir = tempfile::tempdir().unwrap();
+    let echo = wasm_file(dir.path(), "echo", modules::ECHO);
+    let submitted = coordinator.cli_json(
+        &["run", echo.to_str().unwrap(), "--input", "-"],
+        Some(b"nobody runs this"),
+    );
+    let id = submitted["id"].as_str().unwrap().to_string();
+
+    // The only node takes every attempt and lists none: each is ended after
+    // the grace and the task placed again, until its attempts are spent.
+    let start = Instant::now();
+    let task = loop {
+        let task = coordinator.task(&id);
+        if task["state"] == "failed" {
+            break task;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(45),
+            "the task stayed {} on an online node that does not hold it: {task:#}\n{}",
+            task["state"],
+            coordinator.process.log()
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    assert_eq!(task["reason"], "unknown_to_node", "{task:#}");
+    assert_eq!(
+        task["attempt"], 3,
+        "three attempts (the default), each ended: {task:#}"
+    );
+    let (_, metrics) = coordinator.http("GET", "/metrics", None);
+    assert!(
+        metrics.contains("starling_attempts_ended_total{reason=\"unknown_to_node\"} 3"),
+        "{metrics}"
+    );
+}
