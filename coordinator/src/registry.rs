@@ -200,8 +200,7 @@ impl Registry {
         };
         // Uptime far below the held one is a restarted agent; a little below
         // is an older sample of the same run that crossed the held one.
-        let restarted =
-            telemetry.uptime_ms.saturating_add(REORDER_WINDOW_MS) < previous.uptime_ms;
+        let restarted = telemetry.uptime_ms.saturating_add(REORDER_WINDOW_MS) < previous.uptime_ms;
         let same_session = !entry.new_session && !restarted;
         same_session
             && telemetry.seq <= previous.seq

@@ -175,7 +175,7 @@ impl Reviewer {
             };
             // Only a complete list from an online node, received after the
             // assignment was made, can say the node does not hold it.
-            let listed = report.attempts.iter().any(|listed| *listed == key);
+            let listed = report.attempts.contains(&key);
             if listed || !report.online || !report.complete {
                 self.missing_since.remove(&key);
                 continue;
