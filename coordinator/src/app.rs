@@ -548,7 +548,9 @@ pub async fn start(config: CoordinatorConfig) -> Result<Running, StartError> {
                 publisher: shared.publisher.clone(),
                 counters: shared.counters.clone(),
                 wake_scheduler: shared.wake_scheduler.clone(),
-                grace_ms: u64::try_from(config.attempt_grace.as_millis()).unwrap_or(u64::MAX),
+                grace_ms: shared
+                    .node_timeout_ms
+                    .saturating_mul(loops::attempts::GRACE_NODE_TIMEOUTS),
                 max_attempts: shared.max_attempts,
             },
             stop_rx.clone(),

@@ -26,9 +26,6 @@ pub const DEFAULT_MAX_ARTIFACT_BYTES: usize = 32 * 1024 * 1024;
 pub const DEFAULT_NODE_TIMEOUT: Duration = Duration::from_secs(5);
 /// How long a signed assignment stays valid after it is sent.
 pub const DEFAULT_ASSIGNMENT_TTL: Duration = Duration::from_secs(60);
-/// Default grace past an attempt's wall-time limit, and for an attempt its
-/// online node does not list, before the coordinator ends it.
-pub const DEFAULT_ATTEMPT_GRACE: Duration = Duration::from_secs(30);
 /// The first wait before an unacknowledged assignment is sent again; it
 /// doubles with each send up to 60 s.
 pub const DEFAULT_RESEND_INTERVAL: Duration = Duration::from_secs(5);
@@ -72,9 +69,6 @@ pub struct CoordinatorConfig {
     pub node_timeout: Duration,
     /// How long a signed assignment stays valid after it is sent.
     pub assignment_ttl: Duration,
-    /// How long past its wall-time limit an attempt may run, and how long an
-    /// online node may leave an attempt unlisted, before it is ended.
-    pub attempt_grace: Duration,
     /// The first wait before an unacknowledged assignment is sent again.
     pub resend_interval: Duration,
     /// The coordinator's MQTT user name: its own login to an external broker,
@@ -147,7 +141,6 @@ impl Default for CoordinatorConfig {
             schedule_interval: Duration::from_millis(1000),
             node_timeout: DEFAULT_NODE_TIMEOUT,
             assignment_ttl: DEFAULT_ASSIGNMENT_TTL,
-            attempt_grace: DEFAULT_ATTEMPT_GRACE,
             resend_interval: DEFAULT_RESEND_INTERVAL,
             mqtt_username: None,
             mqtt_password: None,
@@ -219,8 +212,6 @@ pub struct FileConfig {
     pub node_timeout: Option<String>,
     /// `--assignment-ttl`.
     pub assignment_ttl: Option<String>,
-    /// `--attempt-grace`.
-    pub attempt_grace: Option<String>,
     /// `--resend-interval`.
     pub resend_interval: Option<String>,
     /// `--mqtt-username`.
@@ -312,9 +303,6 @@ pub struct ServeArgs {
     /// How long a signed assignment stays valid after it is sent [default: 60s].
     #[arg(long, env = "STARLING_ASSIGNMENT_TTL", value_name = "DURATION")]
     pub assignment_ttl: Option<String>,
-    /// Grace past an attempt's wall-time limit, and for an attempt its online node does not list, before the coordinator ends it and places the task again [default: 30s].
-    #[arg(long, env = "STARLING_ATTEMPT_GRACE", value_name = "DURATION")]
-    pub attempt_grace: Option<String>,
     /// First wait before an unacknowledged assignment is sent again; doubles up to 60s [default: 5s].
     #[arg(long, env = "STARLING_RESEND_INTERVAL", value_name = "DURATION")]
     pub resend_interval: Option<String>,
@@ -582,12 +570,6 @@ impl ServeArgs {
                 &file.assignment_ttl,
                 defaults.assignment_ttl,
             )?,
-            attempt_grace: duration(
-                "--attempt-grace",
-                &self.attempt_grace,
-                &file.attempt_grace,
-                defaults.attempt_grace,
-            )?,
             resend_interval: duration(
                 "--resend-interval",
                 &self.resend_interval,
@@ -733,7 +715,6 @@ mod tests {
         assert_eq!(config.node_timeout, Duration::from_millis(1500));
         assert_eq!(config.resend_interval, Duration::from_millis(250));
         assert_eq!(config.assignment_ttl, Duration::from_secs(120));
-        assert_eq!(config.attempt_grace, DEFAULT_ATTEMPT_GRACE);
         for bad in ["0", "soon", "5 parsecs", "-1s"] {
             let args = ServeArgs {
                 node_timeout: Some(bad.into()),

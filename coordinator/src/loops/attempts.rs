@@ -29,6 +29,12 @@ const MAX_TICK: Duration = Duration::from_secs(1);
 /// attempts and cancels nothing (an attempt not read could look unknown).
 const MAX_REVIEWED: u32 = 50_000;
 
+/// The grace, in node timeouts (30 s with the default 5 s): long enough
+/// for an assignment in flight, a final event re-sent by the agent (every
+/// 5 s), and a few lost telemetry samples; short against any wall-time limit
+/// worth placing a task for.
+pub(crate) const GRACE_NODE_TIMEOUTS: u64 = 6;
+
 /// What the attempt review uses, and nothing else.
 pub(crate) struct Attempts {
     /// The nodes' latest telemetry.

@@ -524,3 +524,53 @@ fn the_rest_api_serves_https_and_agents_and_the_cli_trust_its_ca() {
     );
     assert!(!plain.status.success());
 }
+
+#[test]
+fn a_genuine_assignment_replayed_to_a_node_that_lost_its_journal_does_not_run_again() {
+    let _turn = crate::alongside();
+    let broker = Mosquitto::start();
+    // A long validity window: the replay comes well inside it.
+    let coordinator = Coordinator::start(
+        Some(&broker.url),
+        Store::Sqlite,
+        &["--assignment-ttl", "5m"],
+    );
+    let mut agent = Agent::start(&coordinator, &broker.url, "amnesiac", "");
+    coordinator.wait_for_nodes(1, Duration::from_secs(60));
+    let dir = tempfile::tempdir().unwrap();
+    let echo = wasm_file(dir.path(), "echo", modules::ECHO);
+
+    let capture = sniff(broker.port, "starling/v1/nodes/amnesiac/assign", 1);
+    let task = coordinator.cli_json(
+        &["run", echo.to_str().unwrap(), "--input", "-", "--wait"],
+        Some(b"once"),
+    );
+    assert_eq!(task["output_text"], "echo:once");
+    let (_, genuine_bytes) = sniffed(capture).pop().unwrap();
+    let genuine: Assignment = decode(&genuine_bytes).unwrap();
+    assert!(genuine.expires_unix_ms > now_ms() + 60_000, "still valid");
+
+    // The node loses its journal (a wiped disk) and boots again.
+    agent.kill();
+    for name in ["journal.sqlite", "journal.sqlite-wal", "journal.sqlite-shm"] {
+        let _ = std::fs::remove_file(agent.dir.path().join(name));
+    }
+    agent.restart();
+    coordinator.wait_for_nodes(1, Duration::from_secs(60));
+    std::thread::sleep(Duration::from_millis(500));
+
+    // The eavesdropper replays the genuine bytes: refused, not run again.
+    let node = NodeId::new("amnesiac").unwrap();
+    let event = answer(broker.port, &node, &genuine_bytes);
+    assert_eq!(
+        event.state,
+        TaskState::Rejected,
+        "{event:?}\n{}",
+        agent.process.log()
+    );
+    let message = event.message.unwrap();
+    assert!(message.contains("before this agent started"), "{message}");
+    let after = coordinator.task(task["id"].as_str().unwrap());
+    assert_eq!(after["state"], "succeeded");
+    assert_eq!(after["attempt"], task["attempt"]);
+}
