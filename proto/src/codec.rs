@@ -124,6 +124,27 @@ message!(Status, "status");
 message!(Cancel, "cancel");
 message!(EventAck, "event ack");
 
+impl Message for crate::SignedReport {
+    const NAME: &'static str = "signed report";
+    fn version(&self) -> u16 {
+        self.v
+    }
+    fn check(&self) -> Result<(), String> {
+        // The envelope is bounded by the message limit as a whole; the inner
+        // message is decoded (and checked) on its own after verification.
+        if self.signature.len() != 64 {
+            return Err(format!(
+                "signature of {} bytes where an ed25519 signature has 64",
+                self.signature.len()
+            ));
+        }
+        if self.message.is_empty() {
+            return Err(String::from("the signed message is empty"));
+        }
+        Ok(())
+    }
+}
+
 impl Message for SiteDigest {
     const NAME: &'static str = "site digest";
     fn version(&self) -> u16 {

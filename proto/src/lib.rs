@@ -18,6 +18,7 @@ pub mod capability;
 pub mod codec;
 pub mod ids;
 pub mod limits;
+pub mod signed;
 pub mod site;
 pub mod status;
 pub mod task;
@@ -30,6 +31,12 @@ pub use capability::{
 };
 pub use codec::{decode, decode_stored, encode, DecodeError, EncodeError, Message};
 pub use ids::{Digest, IdError, Label, NodeId, TaskId};
+#[cfg(feature = "ed25519")]
+pub use signed::ReportSignatureError;
+pub use signed::{
+    counter_admitted, Issued, ReportChannel, ReportCounter, SignedReport, COUNTER_BLOCK,
+    REPORT_DOMAIN,
+};
 pub use site::{ClassCapacity, PowerBand, SiteDigest, SiteId, WorkClass};
 pub use status::{NodeState, Status};
 pub use task::{
