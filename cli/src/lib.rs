@@ -2,7 +2,7 @@
 //! (through `starling_api::client`): publish and sign tasks, run them, watch
 //! nodes, tasks and sites, manage tokens. With the default feature `up` it
 //! also runs a whole single-machine Starling (`starling up`); without it the
-//! binary links no server part (no wasmtime, sqlx, rumqttd, candle or
+//! binary links no server part (no wasmtime, sqlx, rumqttc, candle or
 //! opencl3), for laptops and CI jobs that only publish and submit.
 
 pub mod command;

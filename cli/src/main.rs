@@ -9,9 +9,9 @@ fn main() {
     let default_filter = match cli.command {
         #[cfg(feature = "up")]
         starling_cli::Command::Up(_) => {
-            "info,rumqttd=warn,rumqttd::server::broker=off,rumqttd::router::routing=off,sqlx=warn"
+            "info,sqlx=warn"
         }
-        _ => "warn,rumqttd=off",
+        _ => "warn",
     };
     tracing_subscriber::fmt()
         .with_env_filter(

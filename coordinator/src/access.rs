@@ -1,17 +1,17 @@
 //! Who may do what: REST roles and bearer tokens, join tokens, nodes' MQTT
-//! credentials, and the files an external Mosquitto authenticates with.
+//! credentials, and the files Mosquitto authenticates and confines them with.
 //!
 //! Every secret the coordinator hands out (API token, join token, MQTT
 //! password) is 32 random bytes shown once; the store keeps only its sha256,
 //! so the database lets nobody in. Lookups compare hashes in constant time.
 //!
-//! The embedded broker asks [`MqttAccess`] at each connect; ingest asks it
-//! whether a message comes from a revoked node ([`ingest_allows`]). For a
-//! Mosquitto, [`MosquittoFiles`] writes a password file (`$7$` PBKDF2-SHA512
-//! lines) and an ACL that confines each node to its own topics, then signals
-//! Mosquitto to reload them.
+//! [`MosquittoFiles`] writes a password file (`$7$` PBKDF2-SHA512 lines), an
+//! ACL that confines each node to its own topics, and the settings that bind
+//! client ids to logins and bound sizes and queues, then signals Mosquitto to
+//! reload them: the coordinator's own broker (`mqtt::broker`) or an
+//! operator's. Ingest asks [`MqttAccess`] whether a message comes from a
+//! revoked node ([`ingest_allows`]).
 
-use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::RwLock;
 
@@ -132,33 +132,22 @@ pub fn new_node_password() -> Result<(String, PasswordHashes), AccessError> {
     Ok((password, hashes))
 }
 
-#[derive(Debug, Clone)]
-struct NodeEntry {
-    password_sha256: String,
-    revoked: bool,
-}
-
-/// Who may connect to the embedded broker, and which nodes are revoked; an
+/// Which nodes are revoked, and the coordinator's own MQTT user: an
 /// in-memory copy of the store's node credentials, refreshed after each
-/// enrollment and revocation.
+/// enrollment and revocation. The broker checks logins itself (from
+/// [`MosquittoFiles`]); ingest asks this whether a message's node is revoked.
 #[derive(Debug)]
 pub struct MqttAccess {
     internal_user: String,
-    internal_password_sha256: String,
-    allow_anonymous: bool,
-    nodes: RwLock<HashMap<String, NodeEntry>>,
+    revoked: RwLock<std::collections::HashSet<String>>,
 }
 
 impl MqttAccess {
-    /// Access for a coordinator whose own connection uses `internal_user` and
-    /// `internal_password`. `allow_anonymous` lets clients without (or with
-    /// unknown) credentials in: development only.
-    pub fn new(internal_user: &str, internal_password: &str, allow_anonymous: bool) -> Self {
+    /// Access for a coordinator whose own connection uses `internal_user`.
+    pub fn new(internal_user: &str) -> Self {
         Self {
             internal_user: internal_user.to_string(),
-            internal_password_sha256: sha256_hex(internal_password),
-            allow_anonymous,
-            nodes: RwLock::new(HashMap::new()),
+            revoked: RwLock::new(std::collections::HashSet::new()),
         }
     }
 
@@ -167,79 +156,67 @@ impl MqttAccess {
         name == self.internal_user
     }
 
-    /// Whether anonymous clients are let in.
-    pub fn allows_anonymous(&self) -> bool {
-        self.allow_anonymous
-    }
-
-    /// Whether a client presenting `username` and `password` may connect:
-    /// the coordinator itself, or an enrolled node that is not revoked.
-    pub fn check(&self, username: &str, password: &str) -> bool {
-        let given = sha256_hex(password);
-        if username == self.internal_user {
-            return constant_time_eq(given.as_bytes(), self.internal_password_sha256.as_bytes());
-        }
-        let known = self
-            .nodes
-            .read()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .get(username)
-            .cloned();
-        match known {
-            Some(entry) if !entry.revoked => {
-                constant_time_eq(given.as_bytes(), entry.password_sha256.as_bytes())
-            }
-            // A revoked node stays out even where anonymous clients are let in.
-            Some(_) => false,
-            None => self.allow_anonymous,
-        }
-    }
-
     /// Whether `node_id` was enrolled and then revoked.
     pub fn is_revoked(&self, node_id: &str) -> bool {
-        self.nodes
+        self.revoked
             .read()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .get(node_id)
-            .is_some_and(|entry| entry.revoked)
+            .contains(node_id)
     }
 
     /// Replaces the cached credentials with the store's.
     pub fn replace(&self, rows: &[NodeCredentialRow]) {
-        let map = rows
+        let revoked = rows
             .iter()
-            .map(|row| {
-                (
-                    row.node_id.clone(),
-                    NodeEntry {
-                        password_sha256: row.password_sha256.clone(),
-                        revoked: row.revoked_ms.is_some(),
-                    },
-                )
-            })
+            .filter(|row| row.revoked_ms.is_some())
+            .map(|row| row.node_id.clone())
             .collect();
         *self
-            .nodes
+            .revoked
             .write()
-            .unwrap_or_else(std::sync::PoisonError::into_inner) = map;
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = revoked;
     }
 }
 
-/// The password file and ACL of an external Mosquitto, rewritten whenever
-/// the set of enrolled nodes changes.
+/// How Mosquitto is told to reread its files after a rewrite.
+#[derive(Debug, Clone, Default)]
+pub enum Reload {
+    /// The operator reloads it.
+    #[default]
+    Manual,
+    /// SIGHUP to the pid in this file (Mosquitto's `pid_file`).
+    PidFile(PathBuf),
+    /// SIGHUP to the coordinator's own broker child (0 while it restarts:
+    /// it reads the files when it starts).
+    Pid(std::sync::Arc<std::sync::atomic::AtomicU32>),
+}
+
+/// The password file, ACL and settings of a Mosquitto: the coordinator's own
+/// broker, or an operator's. Rewritten whenever the set of enrolled nodes
+/// changes.
 #[derive(Debug, Clone)]
 pub struct MosquittoFiles {
-    /// Where `passwd` and `acl` are written.
+    /// Where `passwd`, `acl` and `starling.conf` are written.
     pub dir: PathBuf,
-    /// Mosquitto's `pid_file`; it gets SIGHUP after each rewrite.
-    pub pid_file: Option<PathBuf>,
+    /// How Mosquitto rereads them.
+    pub reload: Reload,
     /// The coordinator's own Mosquitto user.
     pub username: String,
     /// Its `$7$` hash line (computed once at start).
     pub password_hash: String,
     /// The topic prefix the ACL confines nodes under.
     pub topic_prefix: String,
+    /// Development only: clients without a login may connect, and may use
+    /// every topic under the prefix.
+    pub allow_anonymous: bool,
 }
+
+/// Messages Mosquitto queues for one client beyond those in flight, and the
+/// bytes they may hold: a client that stops reading costs the broker at most
+/// this much. Assignments are the only large messages a node receives.
+pub const MOSQUITTO_MAX_QUEUED_MESSAGES: usize = 100;
+/// See [`MOSQUITTO_MAX_QUEUED_MESSAGES`].
+pub const MOSQUITTO_MAX_QUEUED_BYTES: usize = 4 * crate::mqtt::broker::MAX_PACKET_BYTES;
 
 impl MosquittoFiles {
     /// The password file's path.
@@ -252,6 +229,12 @@ impl MosquittoFiles {
         self.dir.join("acl")
     }
 
+    /// The settings file's path: the part of a Mosquitto configuration the
+    /// confinement depends on, for an operator's `include_dir`.
+    pub fn settings_path(&self) -> PathBuf {
+        self.dir.join("starling.conf")
+    }
+
     /// The password file's text: the coordinator, then every node not revoked.
     pub fn passwd_text(&self, nodes: &[NodeCredentialRow]) -> String {
         let mut text = format!("{}:{}\n", self.username, self.password_hash);
@@ -262,13 +245,23 @@ impl MosquittoFiles {
     }
 
     /// The ACL's text. Patterns come first because Mosquitto applies them to
-    /// every user; `%u` is the user name, which is the node id.
+    /// every user; `%u` is the user name, which is the node id (and, with
+    /// `use_username_as_clientid`, the client id). Mosquitto checks read
+    /// access again at delivery, so a node subscribed to `#` receives only
+    /// its own orders.
     pub fn acl_text(&self) -> String {
         let prefix = &self.topic_prefix;
         let mut text = String::from(
-            "# Written by starling-coordinator; it is rewritten on every enrollment and revocation.\n\
-             # Each node writes its own reports and reads its own orders, nothing else.\n",
+            "# Written by starling-coordinator; it is rewritten on every enrollment and revocation.\n",
         );
+        if self.allow_anonymous {
+            // Lines before the first `user` line apply to anonymous clients.
+            text.push_str(&format!(
+                "# Development only (--mqtt-allow-anonymous): clients without a login use every topic.\n\
+                 topic readwrite {prefix}/#\n\n"
+            ));
+        }
+        text.push_str("# Each node writes its own reports and reads its own orders, nothing else.\n");
         for channel in ["capability", "telemetry", "status", "events"] {
             text.push_str(&format!("pattern write {prefix}/nodes/%u/{channel}\n"));
         }
@@ -282,37 +275,92 @@ impl MosquittoFiles {
         text
     }
 
-    /// Writes both files atomically (write beside, then rename) with mode
-    /// 0600, and signals Mosquitto to reload them.
-    pub fn write(&self, nodes: &[NodeCredentialRow]) -> Result<(), AccessError> {
-        std::fs::create_dir_all(&self.dir).map_err(|source| AccessError::Write {
+    /// The global settings Starling's confinement depends on, whoever runs
+    /// the broker: logins from the password file, topics from the ACL, a
+    /// packet size cap (a larger publish is refused at the broker,
+    /// retained or not, and never reaches ingest), and bounded queues.
+    pub fn settings_text(&self) -> String {
+        format!(
+            "# Written by starling-coordinator; the settings node confinement depends on.\n\
+             # Put `use_username_as_clientid true` in each listener block too.\n\
+             allow_anonymous {anonymous}\n\
+             password_file {passwd}\n\
+             acl_file {acl}\n\
+             max_packet_size {packet}\n\
+             max_inflight_messages 20\n\
+             max_queued_messages {queued}\n\
+             max_queued_bytes {queued_bytes}\n",
+            anonymous = self.allow_anonymous,
+            passwd = self.passwd_path().display(),
+            acl = self.acl_path().display(),
+            packet = crate::mqtt::broker::MAX_PACKET_BYTES,
+            queued = MOSQUITTO_MAX_QUEUED_MESSAGES,
+            queued_bytes = MOSQUITTO_MAX_QUEUED_BYTES,
+        )
+    }
+
+    /// The settings Mosquitto takes per listener, for every listener nodes
+    /// use: the client id bound to the login, so no client can take over
+    /// another's session. (Outside a listener block Mosquitto opens a
+    /// default listener for it.)
+    pub fn listener_settings_text(&self) -> String {
+        // Mosquitto refuses every client without a login when client ids are
+        // bound to logins, so development mode cannot bind them.
+        format!("use_username_as_clientid {}\n", !self.allow_anonymous)
+    }
+
+    /// Creates the directory (mode 0700) if it is missing.
+    pub fn create_dir(&self) -> Result<(), AccessError> {
+        let error = |source| AccessError::Write {
             path: self.dir.clone(),
             source,
-        })?;
+        };
+        std::fs::create_dir_all(&self.dir).map_err(error)?;
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::PermissionsExt as _;
+            std::fs::set_permissions(&self.dir, std::fs::Permissions::from_mode(0o700))
+                .map_err(error)?;
+        }
+        Ok(())
+    }
+
+    /// Writes the three files atomically (write beside, then rename) with
+    /// mode 0600, and has Mosquitto reload them: it then drops the sessions
+    /// of nodes no longer in the password file.
+    pub fn write(&self, nodes: &[NodeCredentialRow]) -> Result<(), AccessError> {
+        self.create_dir()?;
         write_atomically(&self.passwd_path(), &self.passwd_text(nodes))?;
         write_atomically(&self.acl_path(), &self.acl_text())?;
+        write_atomically(&self.settings_path(), &self.settings_text())?;
         self.reload()
     }
 
-    /// SIGHUP to the pid in the pid file: Mosquitto rereads its password file
-    /// and ACL. Without a pid file the operator reloads it.
+    /// SIGHUP to Mosquitto: it rereads its password file and ACL.
     fn reload(&self) -> Result<(), AccessError> {
-        let Some(pid_file) = &self.pid_file else {
-            return Ok(());
-        };
-        let text = match std::fs::read_to_string(pid_file) {
-            Ok(text) => text,
-            // Mosquitto not started yet: it reads the files when it starts.
-            Err(error) if error.kind() == std::io::ErrorKind::NotFound => return Ok(()),
-            Err(error) => {
-                return Err(AccessError::Reload {
-                    detail: format!("{}: {error}", pid_file.display()),
-                })
+        let pid = match &self.reload {
+            Reload::Manual => return Ok(()),
+            Reload::Pid(pid) => match pid.load(std::sync::atomic::Ordering::Acquire) {
+                // Between runs: the next one reads the files when it starts.
+                0 => return Ok(()),
+                pid => pid,
+            },
+            Reload::PidFile(pid_file) => {
+                let text = match std::fs::read_to_string(pid_file) {
+                    Ok(text) => text,
+                    // Mosquitto not started yet: it reads the files when it starts.
+                    Err(error) if error.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+                    Err(error) => {
+                        return Err(AccessError::Reload {
+                            detail: format!("{}: {error}", pid_file.display()),
+                        })
+                    }
+                };
+                text.trim().parse().map_err(|_| AccessError::Reload {
+                    detail: format!("{} holds no pid", pid_file.display()),
+                })?
             }
         };
-        let pid: u32 = text.trim().parse().map_err(|_| AccessError::Reload {
-            detail: format!("{} holds no pid", pid_file.display()),
-        })?;
         // `kill` rather than libc: the workspace forbids unsafe code.
         let status = std::process::Command::new("kill")
             .arg("-HUP")
@@ -331,7 +379,8 @@ impl MosquittoFiles {
     }
 }
 
-fn write_atomically(path: &Path, text: &str) -> Result<(), AccessError> {
+/// Writes `text` to `path` atomically (beside, then rename), mode 0600.
+pub(crate) fn write_atomically(path: &Path, text: &str) -> Result<(), AccessError> {
     use std::io::Write as _;
     let error = |source| AccessError::Write {
         path: path.to_path_buf(),
@@ -449,33 +498,23 @@ mod tests {
     }
 
     #[test]
-    fn mqtt_access_checks_nodes_and_revocation() {
-        let access = MqttAccess::new(INTERNAL_MQTT_USER, "inside", false);
-        assert!(access.check(INTERNAL_MQTT_USER, "inside"));
-        assert!(!access.check(INTERNAL_MQTT_USER, "outside"));
-        access.replace(&[
-            NodeCredentialRow {
-                node_id: "pi-1".into(),
-                password_sha256: sha256_hex("pw1"),
-                mosquitto_hash: String::new(),
-                created_ms: 1,
-                revoked_ms: None,
-            },
-            NodeCredentialRow {
-                node_id: "pi-2".into(),
-                password_sha256: sha256_hex("pw2"),
-                mosquitto_hash: String::new(),
-                created_ms: 1,
-                revoked_ms: Some(2),
-            },
-        ]);
-        assert!(access.check("pi-1", "pw1"));
-        assert!(!access.check("pi-1", "pw2"));
-        assert!(!access.check("pi-2", "pw2"));
+    fn mqtt_access_knows_revoked_nodes_and_its_own_user() {
+        let access = MqttAccess::new(INTERNAL_MQTT_USER);
+        assert!(access.is_internal_user(INTERNAL_MQTT_USER));
+        assert!(!access.is_internal_user("pi-1"));
+        let row = |node_id: &str, revoked_ms| NodeCredentialRow {
+            node_id: node_id.into(),
+            password_sha256: sha256_hex("pw"),
+            mosquitto_hash: String::new(),
+            created_ms: 1,
+            revoked_ms,
+        };
+        access.replace(&[row("pi-1", None), row("pi-2", Some(2))]);
         assert!(access.is_revoked("pi-2"));
         assert!(!access.is_revoked("pi-1"));
-        assert!(!access.check("stranger", ""));
-        let open = MqttAccess::new(INTERNAL_MQTT_USER, "inside", true);
-        assert!(open.check("stranger", ""));
+        assert!(!access.is_revoked("stranger"));
+        access.replace(&[row("pi-1", None)]);
+        assert!(!access.is_revoked("pi-2"));
     }
+
 }

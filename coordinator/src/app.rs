@@ -32,7 +32,7 @@ pub enum StartError {
         /// The OS's words.
         reason: String,
     },
-    /// The embedded broker could not start.
+    /// The coordinator's own broker could not start.
     #[error(transparent)]
     Broker(#[from] broker::StartBrokerError),
     /// The external broker URL is malformed.
@@ -118,7 +118,7 @@ pub(crate) struct Shared {
     pub(crate) signer: signing::Signer,
     pub(crate) max_artifact_bytes: usize,
     pub(crate) api_token: Option<String>,
-    /// Who may connect to the embedded broker; which nodes are revoked.
+    /// Which nodes are revoked; the coordinator's own MQTT user.
     pub(crate) mqtt_access: Arc<access::MqttAccess>,
     /// The external Mosquitto's password file and ACL, when configured.
     pub(crate) mosquitto: Option<access::MosquittoFiles>,
@@ -194,7 +194,7 @@ pub struct Running {
     rest_tls: bool,
     mqtt_url: String,
     public_url: String,
-    embedded_broker: bool,
+    own_broker: Option<broker::ManagedBroker>,
     shared: Arc<Shared>,
     stop: watch::Sender<bool>,
     tasks: Vec<JoinHandle<()>>,
@@ -223,7 +223,7 @@ impl Running {
         format!("{scheme}://{}", self.rest_addr)
     }
 
-    /// The broker's URL (`mqtt://HOST:PORT`): the embedded broker's address or the external one.
+    /// The broker's URL (`mqtt://HOST:PORT`): the coordinator's own broker or the external one.
     pub fn mqtt_url(&self) -> &str {
         &self.mqtt_url
     }
@@ -233,9 +233,15 @@ impl Running {
         &self.public_url
     }
 
-    /// Whether the broker is the embedded one.
+    /// Whether the broker is the coordinator's own (a Mosquitto child).
     pub fn embedded_broker(&self) -> bool {
-        self.embedded_broker
+        self.own_broker.is_some()
+    }
+
+    /// The process id of the coordinator's own broker (0 while it restarts),
+    /// if it runs one.
+    pub fn broker_pid(&self) -> Option<u32> {
+        self.own_broker.as_ref().map(broker::ManagedBroker::pid)
     }
 
     /// The coordinator's public key (ed25519, 64 hex digits) that agents
@@ -277,8 +283,8 @@ impl Running {
     }
 
     /// Stops serving: the REST server drains, the MQTT client disconnects, the
-    /// scheduler stops, the database closes. The embedded broker (rumqttd has
-    /// no stop) keeps its port until the process exits.
+    /// scheduler stops, the database closes, the coordinator's own broker
+    /// stops.
     pub async fn shutdown(self) {
         let _ = self.stop.send(true);
         let _ = self.shared.mqtt.try_disconnect();
@@ -291,6 +297,9 @@ impl Running {
             }
         }
         self.shared.store.close().await;
+        if let Some(broker) = self.own_broker {
+            broker.stop();
+        }
     }
 }
 
@@ -405,19 +414,32 @@ pub async fn start(config: CoordinatorConfig) -> Result<Running, StartError> {
     }
 
     // Where agents reach the broker, and where the coordinator's own client
-    // connects: the same for an external broker; for the embedded one with
-    // TLS, its plain loopback listener.
-    let (address, own_address, embedded_broker) = match &config.broker {
+    // connects: the same for an external broker; for the coordinator's own
+    // with TLS, its plain loopback listener.
+    let (address, own_address, own_broker, mosquitto) = match &config.broker {
         Some(url) => {
             let address = BrokerAddress::parse(url)?;
-            (address.clone(), address, false)
+            (address.clone(), address, None, mosquitto)
         }
         None => {
-            let embedded = broker::start_embedded_broker(
-                config.mqtt_listen,
-                config.mqtt_server_tls.as_ref(),
-                mqtt_access.clone(),
-            )?;
+            let Some(files) = mosquitto else {
+                // setup_access always gives the coordinator's own broker its files.
+                store.close().await;
+                return Err(StartError::MqttLogin("the broker's files are missing"));
+            };
+            let started = broker::start_managed_broker(broker::BrokerSettings {
+                listen: config.mqtt_listen,
+                tls: config.mqtt_server_tls.clone(),
+                program: config.mosquitto_bin.clone(),
+                files,
+            });
+            let managed = match started {
+                Ok(managed) => managed,
+                Err(error) => {
+                    store.close().await;
+                    return Err(error.into());
+                }
+            };
             let at = |addr: SocketAddr, tls: bool| BrokerAddress {
                 host: if addr.ip().is_unspecified() {
                     "127.0.0.1".to_string()
@@ -427,10 +449,12 @@ pub async fn start(config: CoordinatorConfig) -> Result<Running, StartError> {
                 port: addr.port(),
                 tls,
             };
+            let files = Some(managed.files.clone());
             (
-                at(embedded.listen, embedded.tls),
-                at(embedded.local, false),
-                true,
+                at(managed.listen, managed.tls),
+                at(managed.local, false),
+                Some(managed),
+                files,
             )
         }
     };
@@ -590,16 +614,17 @@ pub async fn start(config: CoordinatorConfig) -> Result<Running, StartError> {
         rest_tls: config.rest_tls.is_some(),
         mqtt_url: address.url(),
         public_url,
-        embedded_broker,
+        own_broker,
         shared,
         stop,
         tasks,
     })
 }
 
-/// The MQTT side of access control at start: the embedded broker's
-/// credential cache (with the coordinator's own login), and the Mosquitto
-/// files when asked for, both filled from the store.
+/// The MQTT side of access control at start: the cache of revoked nodes
+/// (with the coordinator's own login), and the Mosquitto files (always for
+/// the coordinator's own broker; with --mosquitto-auth-dir for an external
+/// one), both filled from the store.
 async fn setup_access(
     config: &CoordinatorConfig,
     topics: &starling_proto::Topics,
@@ -626,8 +651,17 @@ async fn setup_access(
             access::new_secret("")?,
         ),
     };
-    let mosquitto = match &config.mosquitto_auth_dir {
-        Some(dir) => {
+    let mosquitto = match (&config.broker, &config.mosquitto_auth_dir) {
+        // The coordinator's own broker reads its files from the data dir.
+        (None, _) => Some(access::MosquittoFiles {
+            dir: config.data_dir.join("broker"),
+            reload: access::Reload::Manual,
+            username: internal_user.clone(),
+            password_hash: access::mosquitto_hash(&internal_password)?,
+            topic_prefix: topics.prefix().to_string(),
+            allow_anonymous: config.mqtt_allow_anonymous,
+        }),
+        (Some(_), Some(dir)) => {
             let (Some(username), Some(password)) = (&config.mqtt_username, &config.mqtt_password)
             else {
                 return Err(StartError::MqttLogin(
@@ -636,21 +670,21 @@ async fn setup_access(
             };
             Some(access::MosquittoFiles {
                 dir: dir.clone(),
-                pid_file: config.mosquitto_pid_file.clone(),
+                reload: config
+                    .mosquitto_pid_file
+                    .clone()
+                    .map_or(access::Reload::Manual, access::Reload::PidFile),
                 username: username.clone(),
                 password_hash: access::mosquitto_hash(password)?,
                 topic_prefix: topics.prefix().to_string(),
+                allow_anonymous: config.mqtt_allow_anonymous,
             })
         }
-        None => None,
+        (Some(_), None) => None,
     };
-    let mqtt_access = Arc::new(access::MqttAccess::new(
-        &internal_user,
-        &internal_password,
-        config.mqtt_allow_anonymous,
-    ));
+    let mqtt_access = Arc::new(access::MqttAccess::new(&internal_user));
     if config.mqtt_allow_anonymous && config.broker.is_none() {
-        tracing::warn!("--mqtt-allow-anonymous: the embedded broker lets in clients without credentials; for development only");
+        tracing::warn!("--mqtt-allow-anonymous: the coordinator's broker lets in clients without credentials, on every topic; for development only");
     }
     access::refresh(store, &mqtt_access, mosquitto.as_ref()).await?;
     Ok((mqtt_access, mosquitto, internal_user, internal_password))

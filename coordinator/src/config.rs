@@ -77,17 +77,20 @@ pub struct CoordinatorConfig {
     pub mqtt_username: Option<String>,
     /// The password that goes with `mqtt_username`.
     pub mqtt_password: Option<String>,
-    /// Development only: the embedded broker lets in clients without (or with
-    /// unknown) credentials; ingest still ignores revoked nodes.
+    /// Development only: the coordinator's broker lets in clients without
+    /// credentials, on every topic; ingest still ignores revoked nodes.
     pub mqtt_allow_anonymous: bool,
     /// Where to write a Mosquitto password file (`passwd`) and ACL (`acl`).
     pub mosquitto_auth_dir: Option<PathBuf>,
     /// Mosquitto's `pid_file`: it gets SIGHUP after each rewrite of the files.
     pub mosquitto_pid_file: Option<PathBuf>,
+    /// The Mosquitto binary the coordinator runs as its own broker; `None`
+    /// looks in `PATH` and `/usr/sbin`.
+    pub mosquitto_bin: Option<PathBuf>,
     /// PEM files for an `mqtts://` external broker: the CA to trust and, for
     /// brokers that require one, the coordinator's client certificate.
     pub mqtt_tls: MqttTlsFiles,
-    /// The embedded broker's certificate and key: with them it serves MQTT
+    /// The coordinator's own broker's certificate and key: with them it serves MQTT
     /// over TLS only (`mqtts://`) on `mqtt_listen`.
     pub mqtt_server_tls: Option<crate::server_tls::ServerTls>,
     /// The REST API's certificate and key: with them it serves HTTPS only.
@@ -147,6 +150,7 @@ impl Default for CoordinatorConfig {
             mqtt_allow_anonymous: false,
             mosquitto_auth_dir: None,
             mosquitto_pid_file: None,
+            mosquitto_bin: None,
             mqtt_tls: MqttTlsFiles::default(),
             mqtt_server_tls: None,
             rest_tls: None,
@@ -224,6 +228,8 @@ pub struct FileConfig {
     pub mosquitto_auth_dir: Option<PathBuf>,
     /// `--mosquitto-pid-file`.
     pub mosquitto_pid_file: Option<PathBuf>,
+    /// `--mosquitto-bin`.
+    pub mosquitto_bin: Option<PathBuf>,
     /// `--mqtt-ca-file`.
     pub mqtt_ca_file: Option<PathBuf>,
     /// `--mqtt-client-cert`.
@@ -328,6 +334,10 @@ pub struct ServeArgs {
     /// Mosquitto's pid_file: the coordinator sends it SIGHUP to reload the files after each change.
     #[arg(long, env = "STARLING_MOSQUITTO_PID_FILE", value_name = "FILE")]
     pub mosquitto_pid_file: Option<PathBuf>,
+    /// The Mosquitto binary the coordinator runs as its own MQTT broker (without --broker)
+    /// [default: `mosquitto` in PATH, then /usr/sbin/mosquitto].
+    #[arg(long, env = "STARLING_MOSQUITTO_BIN", value_name = "PATH")]
+    pub mosquitto_bin: Option<PathBuf>,
     /// CA certificate (PEM) to trust for an mqtts:// --broker [default: the system's roots].
     #[arg(long, env = "STARLING_MQTT_CA_FILE", value_name = "FILE")]
     pub mqtt_ca_file: Option<PathBuf>,
@@ -582,6 +592,7 @@ impl ServeArgs {
                 || file.mqtt_allow_anonymous.unwrap_or(false),
             mosquitto_auth_dir: self.mosquitto_auth_dir.clone().or(file.mosquitto_auth_dir),
             mosquitto_pid_file: self.mosquitto_pid_file.clone().or(file.mosquitto_pid_file),
+            mosquitto_bin: self.mosquitto_bin.clone().or(file.mosquitto_bin),
             mqtt_tls: MqttTlsFiles {
                 ca_file: self.mqtt_ca_file.clone().or(file.mqtt_ca_file),
                 client_cert: self.mqtt_client_cert.clone().or(file.mqtt_client_cert),

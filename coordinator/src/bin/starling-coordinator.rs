@@ -36,12 +36,8 @@ fn main() {
     tracing_subscriber::fmt()
         .with_env_filter(
             EnvFilter::try_from_default_env()
-                // rumqttd logs every client disconnect as an error from its
-                // broker module; the coordinator checks the broker's listener
-                // itself, so that module is silenced by default.
-                .unwrap_or_else(|_| {
-                    EnvFilter::new("info,rumqttd=warn,rumqttd::server::broker=off,sqlx=warn")
-                }),
+                // The broker's connection log ("mosquitto" target) is debug.
+                .unwrap_or_else(|_| EnvFilter::new("info,sqlx=warn")),
         )
         .with_writer(std::io::stderr)
         .init();

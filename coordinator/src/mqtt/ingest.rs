@@ -67,6 +67,25 @@ pub(crate) fn subscribe(shared: &Shared) {
     }
 }
 
+/// Only capability and status are meant to be retained (the last report
+/// stands for a node that is not speaking). A retained telemetry sample or
+/// event would be replayed to the coordinator at every resubscribe and held
+/// by the broker for good, so it is cleared (an empty retained message) when
+/// one arrives; the message itself is still checked like any other.
+fn clear_unwanted_retained(shared: &Shared, topic: &str) {
+    let unwanted = [Channel::Telemetry, Channel::Events]
+        .into_iter()
+        .any(|channel| topic.ends_with(&format!("/{}", channel.as_str())));
+    if unwanted {
+        if let Err(error) = shared
+            .mqtt
+            .try_publish(topic, QoS::AtLeastOnce, true, Vec::new())
+        {
+            tracing::warn!(%error, topic, "cannot clear a retained message");
+        }
+    }
+}
+
 /// Drives the MQTT session: forwards publishes to the handler, subscribes again
 /// after each reconnect, and retries after errors until told to stop.
 pub(crate) async fn run_mqtt_loop(
@@ -89,6 +108,9 @@ pub(crate) async fn run_mqtt_loop(
                 subscribe(&shared);
             }
             Ok(Event::Incoming(Packet::Publish(publish))) => {
+                if publish.retain && !publish.payload.is_empty() {
+                    clear_unwanted_retained(&shared, &publish.topic);
+                }
                 let received = Received {
                     topic: publish.topic,
                     payload: publish.payload.to_vec(),

@@ -1,7 +1,8 @@
 //! Access control against real parts: REST roles and tokens over HTTP with
 //! the rows counted in SQLite before and after each refusal, enrollment on
-//! SQLite and PostgreSQL, the embedded broker's logins, and a real Mosquitto
-//! running on the password file and ACL the coordinator writes.
+//! SQLite and PostgreSQL, the coordinator's own broker under attack by
+//! enrolled nodes, and an operator's Mosquitto running on the password file,
+//! ACL and settings the coordinator writes.
 
 use crate::common;
 
@@ -623,12 +624,58 @@ async fn connect_until(
     }
 }
 
+/// Lists the node ids REST shows.
+async fn node_ids(http: &reqwest::Client, rest: &str) -> Vec<String> {
+    let nodes: Value = http
+        .get(format!("{rest}/api/v1/nodes"))
+        .bearer_auth(BOOTSTRAP)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    nodes["nodes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|n| n["id"].as_str().map(str::to_string))
+        .collect()
+}
+
+/// The resident memory of a process, in bytes.
+fn rss_bytes(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let kib: u64 = status
+        .lines()
+        .find_map(|line| line.strip_prefix("VmRSS:"))
+        .and_then(|rest| rest.split_whitespace().next())
+        .and_then(|n| n.parse().ok())
+        .unwrap();
+    kib * 1024
+}
+
+/// Whether a driven connection is still open after `wait`: its receiver
+/// neither closed nor got anything it should not have.
+async fn still_connected(incoming: &mut tokio::sync::mpsc::UnboundedReceiver<rumqttc::Publish>, wait: Duration) -> bool {
+    match tokio::time::timeout(wait, incoming.recv()).await {
+        Err(_) => true,
+        Ok(Some(publish)) => panic!("unexpected message on {}", publish.topic),
+        Ok(None) => false,
+    }
+}
+
+/// The attacks of issue 15 against the coordinator's own broker, each by an
+/// enrolled node with its own valid login: logins, confinement of publish
+/// and subscribe, client-id takeover, oversize and retained floods, and the
+/// revoked node's live session.
 #[tokio::test]
-async fn the_embedded_broker_lets_in_enrolled_nodes_only() {
+async fn the_coordinators_broker_confines_every_node_to_its_own_topics() {
     let dir = tempfile::tempdir().unwrap();
     let running = start(dir.path(), |_| {}).await;
     let rest = running.rest_url();
     let mqtt = running.mqtt_url().to_string();
+    let broker_pid = running.broker_pid().expect("the coordinator runs its broker");
     let http = reqwest::Client::new();
 
     assert!(
@@ -640,36 +687,151 @@ async fn the_embedded_broker_lets_in_enrolled_nodes_only() {
         .is_err());
 
     let token = join_token(&http, &rest, json!({"uses": 2})).await;
-    let creds: Value = enroll(&http, &rest, &token, "edge-a")
-        .await
-        .json()
-        .await
-        .unwrap();
-    let password = creds["mqtt_password"].as_str().unwrap().to_string();
-    let later: Value = enroll(&http, &rest, &token, "edge-b")
-        .await
-        .json()
-        .await
-        .unwrap();
-    let later_password = later["mqtt_password"].as_str().unwrap().to_string();
+    let mut passwords = Vec::new();
+    for node in ["edge-a", "edge-b"] {
+        let creds: Value = enroll(&http, &rest, &token, node)
+            .await
+            .json()
+            .await
+            .unwrap();
+        passwords.push(creds["mqtt_password"].as_str().unwrap().to_string());
+    }
+    let (a_pw, b_pw) = (passwords[0].clone(), passwords[1].clone());
     assert!(try_connect(&mqtt, "edge-a", Some(("edge-a", "wrong")))
         .await
         .is_err());
     assert!(
-        try_connect(&mqtt, "edge-a", Some(("edge-a", &later_password)))
+        try_connect(&mqtt, "edge-a", Some(("edge-a", &b_pw)))
             .await
             .is_err(),
         "another node's password"
     );
-    let (client, eventloop) = try_connect(&mqtt, "edge-a", Some(("edge-a", &password)))
-        .await
-        .expect("an enrolled node connects");
-    let _incoming = drive(eventloop);
-    let (late_client, late_loop) = try_connect(&mqtt, "edge-b", Some(("edge-b", &later_password)))
+
+    // B is connected and subscribed to its own orders.
+    let (b, b_loop) = try_connect(&mqtt, "edge-b", Some(("edge-b", &b_pw)))
         .await
         .expect("edge-b connects");
-    let _late_incoming = drive(late_loop);
+    let mut b_incoming = drive(b_loop);
+    b.subscribe("starling/v1/nodes/edge-b/#", QoS::AtLeastOnce)
+        .await
+        .unwrap();
 
+    // A logs in with B's client id: the broker binds the client id to the
+    // login, so A's session is "edge-a" and B keeps its connection.
+    let (a, a_loop) = try_connect(&mqtt, "edge-b", Some(("edge-a", &a_pw)))
+        .await
+        .expect("edge-a connects");
+    let mut a_incoming = drive(a_loop);
+    assert!(
+        still_connected(&mut b_incoming, Duration::from_millis(1500)).await,
+        "edge-a's login with client id edge-b knocked edge-b off"
+    );
+
+    // A subscribes to everything and poses as B on every channel.
+    a.subscribe("#", QoS::AtLeastOnce).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let topics = starling_proto::Topics::default();
+    let b_id = starling_proto::NodeId::new("edge-b").unwrap();
+    for channel in starling_proto::Channel::ALL {
+        a.publish(
+            topics.node(&b_id, channel),
+            QoS::AtLeastOnce,
+            false,
+            starling_proto::encode(&common::capability("edge-b")).unwrap(),
+        )
+        .await
+        .unwrap();
+    }
+    // B's own report goes through, and A, subscribed to `#`, does not see it.
+    b.publish(
+        topics.node(&b_id, starling_proto::Channel::Capability),
+        QoS::AtLeastOnce,
+        true,
+        starling_proto::encode(&common::capability("edge-b")).unwrap(),
+    )
+    .await
+    .unwrap();
+    assert!(
+        still_connected(&mut b_incoming, Duration::from_millis(1000)).await,
+        "edge-b received a message edge-a forged on its topics"
+    );
+    assert!(
+        still_connected(&mut a_incoming, Duration::from_millis(200)).await,
+        "edge-a, subscribed to #, saw another node's traffic"
+    );
+    common::eventually(Duration::from_secs(10), "edge-b listed", || {
+        let (http, rest) = (http.clone(), rest.clone());
+        async move { node_ids(&http, &rest).await.contains(&"edge-b".to_string()).then_some(()) }
+    })
+    .await;
+    assert_eq!(node_ids(&http, &rest).await, ["edge-b"], "a forged report was applied");
+
+    // Floods: 200 retained 1 MiB messages on arbitrary topics, and on A's
+    // own telemetry while A never reads its `#` subscription.
+    let before = rss_bytes(broker_pid);
+    let (flooder, flood_loop) = try_connect(&mqtt, "edge-a", Some(("edge-a", &a_pw)))
+        .await
+        .expect("edge-a connects again");
+    let _flood_incoming = drive(flood_loop);
+    let a_id = starling_proto::NodeId::new("edge-a").unwrap();
+    let megabyte = vec![0x5a_u8; 1024 * 1024 - 1024];
+    for i in 0..200 {
+        let topic = if i % 2 == 0 {
+            format!("junk/{i}")
+        } else {
+            topics.node(&a_id, starling_proto::Channel::Telemetry)
+        };
+        if flooder
+            .publish(topic, QoS::AtMostOnce, true, megabyte.clone())
+            .await
+            .is_err()
+        {
+            break;
+        }
+    }
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let after = rss_bytes(broker_pid);
+    assert!(
+        after < before + 32 * 1024 * 1024,
+        "the broker grew from {before} to {after} bytes under the floods"
+    );
+
+    // An oversize retained message on A's own capability topic is refused at
+    // the broker: ingest goes on (A's next normal report is applied).
+    let (big, big_loop) = try_connect(&mqtt, "edge-a", Some(("edge-a", &a_pw)))
+        .await
+        .expect("edge-a connects");
+    let _big_incoming = drive(big_loop);
+    let _ = big
+        .publish(
+            topics.node(&a_id, starling_proto::Channel::Capability),
+            QoS::AtLeastOnce,
+            true,
+            vec![0u8; 2 * 1024 * 1024],
+        )
+        .await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let (good, good_loop) = try_connect(&mqtt, "edge-a", Some(("edge-a", &a_pw)))
+        .await
+        .expect("edge-a connects");
+    let _good_incoming = drive(good_loop);
+    good.publish(
+        topics.node(&a_id, starling_proto::Channel::Capability),
+        QoS::AtLeastOnce,
+        true,
+        starling_proto::encode(&common::capability("edge-a")).unwrap(),
+    )
+    .await
+    .unwrap();
+    common::eventually(Duration::from_secs(5), "edge-a listed after the oversize message", || {
+        let (http, rest) = (http.clone(), rest.clone());
+        async move { node_ids(&http, &rest).await.contains(&"edge-a".to_string()).then_some(()) }
+    })
+    .await;
+
+    // Revoked: B's live session is dropped within a second, and it cannot
+    // log in again; A still can.
+    let revoked_at = Instant::now();
     let answer: Value = http
         .post(format!("{rest}/api/v1/nodes/edge-b/revoke"))
         .bearer_auth(BOOTSTRAP)
@@ -680,59 +842,35 @@ async fn the_embedded_broker_lets_in_enrolled_nodes_only() {
         .await
         .unwrap();
     assert_eq!(answer["node_id"], "edge-b");
+    let closed = tokio::time::timeout(Duration::from_secs(1), async {
+        while b_incoming.recv().await.is_some() {}
+    })
+    .await;
     assert!(
-        try_connect(&mqtt, "edge-b-again", Some(("edge-b", &later_password)))
+        closed.is_ok(),
+        "the revoked node kept its session for more than 1 s"
+    );
+    eprintln!("revoked session dropped after {:?}", revoked_at.elapsed());
+    assert!(
+        try_connect(&mqtt, "edge-b", Some(("edge-b", &b_pw)))
             .await
             .is_err(),
         "a revoked node logged in again"
     );
-    assert!(try_connect(&mqtt, "edge-a-2", Some(("edge-a", &password)))
+    assert!(try_connect(&mqtt, "edge-a-2", Some(("edge-a", &a_pw)))
         .await
         .is_ok());
-
-    // The revoked node's connection lingers on rumqttd: what it sends is ignored.
-    let topics = starling_proto::Topics::default();
-    for (publisher, id) in [(&late_client, "edge-b"), (&client, "edge-a")] {
-        let node = starling_proto::NodeId::new(id).unwrap();
-        publisher
-            .publish(
-                topics.node(&node, starling_proto::Channel::Capability),
-                QoS::AtLeastOnce,
-                true,
-                starling_proto::encode(&common::capability(id)).unwrap(),
-            )
-            .await
-            .unwrap();
-    }
-    let nodes = common::eventually(Duration::from_secs(10), "edge-a listed", || {
-        let http = http.clone();
-        let rest = rest.clone();
-        async move {
-            let nodes: Value = http
-                .get(format!("{rest}/api/v1/nodes"))
-                .bearer_auth(BOOTSTRAP)
-                .send()
-                .await
-                .ok()?
-                .json()
-                .await
-                .ok()?;
-            let listed = nodes["nodes"]
-                .as_array()?
-                .iter()
-                .any(|n| n["id"] == "edge-a");
-            listed.then_some(nodes)
-        }
-    })
-    .await;
-    let ids: Vec<&str> = nodes["nodes"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter_map(|n| n["id"].as_str())
-        .collect();
-    assert_eq!(ids, ["edge-a"], "a revoked node's capability was applied");
     running.shutdown().await;
+    // The broker is killed at shutdown and reaped by its supervisor.
+    let gone = || {
+        std::fs::read_to_string(format!("/proc/{broker_pid}/status"))
+            .map_or(true, |status| status.contains("State:\tZ"))
+    };
+    let deadline = Instant::now() + Duration::from_secs(2);
+    while !gone() && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(gone(), "the broker outlived its coordinator's shutdown");
 }
 
 #[tokio::test]
@@ -743,20 +881,23 @@ async fn mosquitto_runs_on_the_files_the_coordinator_writes() {
     // broker at start: write a first version, as an operator's setup would.
     let files = MosquittoFiles {
         dir: auth.path().to_path_buf(),
-        pid_file: None,
+        reload: access::Reload::Manual,
         username: "coordinator".into(),
         password_hash: access::mosquitto_hash("coordinator-pw").unwrap(),
         topic_prefix: "starling/v1".into(),
+        allow_anonymous: false,
     };
     files.write(&[]).unwrap();
+    // The operator's configuration: a listener, a pid file, and the
+    // settings file the coordinator writes, included as the docs say.
     let broker = common::Mosquitto::start_with_config(&format!(
         // `user`: run as whoever runs the test (Mosquitto started as root
         // would switch to `mosquitto`, which cannot read the 0600 files).
-        "allow_anonymous false\npassword_file {}\nacl_file {}\npid_file {}\nuser {}",
-        files.passwd_path().display(),
-        files.acl_path().display(),
+        "{}pid_file {}\nuser {}\ninclude_dir {}",
+        files.listener_settings_text(),
         pid_file.display(),
-        std::env::var("USER").unwrap_or_else(|_| "root".into())
+        std::env::var("USER").unwrap_or_else(|_| "root".into()),
+        auth.path().display(),
     ));
     let dir = tempfile::tempdir().unwrap();
     let running = start(dir.path(), |c| {

@@ -255,7 +255,6 @@ const ROOMS: &[(&str, &[&str])] = &[
     ("axum", &["http"]),
     ("axum_server", &["http"]),
     ("rumqttc", &["mqtt"]),
-    ("rumqttd", &["mqtt"]),
     ("sqlx", &["store"]),
 ];
 
@@ -289,7 +288,6 @@ fn the_coordinator_names_http_mqtt_and_sql_only_in_their_rooms() {
 const SERVER_CRATES: &[&str] = &[
     "wasmtime",
     "sqlx",
-    "rumqttd",
     "rumqttc",
     "candle-core",
     "opencl3",
