@@ -8,9 +8,7 @@ fn main() {
     // unless RUST_LOG asks otherwise.
     let default_filter = match cli.command {
         #[cfg(feature = "up")]
-        starling_cli::Command::Up(_) => {
-            "info,sqlx=warn"
-        }
+        starling_cli::Command::Up(_) => "info,sqlx=warn",
         _ => "warn",
     };
     tracing_subscriber::fmt()

@@ -261,7 +261,9 @@ impl MosquittoFiles {
                  topic readwrite {prefix}/#\n\n"
             ));
         }
-        text.push_str("# Each node writes its own reports and reads its own orders, nothing else.\n");
+        text.push_str(
+            "# Each node writes its own reports and reads its own orders, nothing else.\n",
+        );
         for channel in ["capability", "telemetry", "status", "events"] {
             text.push_str(&format!("pattern write {prefix}/nodes/%u/{channel}\n"));
         }
@@ -516,5 +518,4 @@ mod tests {
         access.replace(&[row("pi-1", None)]);
         assert!(!access.is_revoked("pi-2"));
     }
-
 }

@@ -331,7 +331,10 @@ fn run_once(supervisor: &Supervisor, run: &Run, ready: &mut Option<Ready>) -> St
         let _ = std::thread::Builder::new()
             .name("mqtt-broker-log".to_string())
             .spawn(move || {
-                for line in std::io::BufReader::new(stderr).lines().map_while(Result::ok) {
+                for line in std::io::BufReader::new(stderr)
+                    .lines()
+                    .map_while(Result::ok)
+                {
                     forward_log_line(&line);
                     log.push(line);
                 }
@@ -432,7 +435,11 @@ fn child_command(program: &Path, config: &Path) -> Command {
     let mut command = match setpriv {
         Some(setpriv) => {
             let mut command = Command::new(setpriv);
-            command.arg("--pdeathsig").arg("KILL").arg("--").arg(program);
+            command
+                .arg("--pdeathsig")
+                .arg("KILL")
+                .arg("--")
+                .arg(program);
             command
         }
         None => {

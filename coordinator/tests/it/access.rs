@@ -657,7 +657,10 @@ fn rss_bytes(pid: u32) -> u64 {
 
 /// Whether a driven connection is still open after `wait`: its receiver
 /// neither closed nor got anything it should not have.
-async fn still_connected(incoming: &mut tokio::sync::mpsc::UnboundedReceiver<rumqttc::Publish>, wait: Duration) -> bool {
+async fn still_connected(
+    incoming: &mut tokio::sync::mpsc::UnboundedReceiver<rumqttc::Publish>,
+    wait: Duration,
+) -> bool {
     match tokio::time::timeout(wait, incoming.recv()).await {
         Err(_) => true,
         Ok(Some(publish)) => panic!("unexpected message on {}", publish.topic),
@@ -675,7 +678,9 @@ async fn the_coordinators_broker_confines_every_node_to_its_own_topics() {
     let running = start(dir.path(), |_| {}).await;
     let rest = running.rest_url();
     let mqtt = running.mqtt_url().to_string();
-    let broker_pid = running.broker_pid().expect("the coordinator runs its broker");
+    let broker_pid = running
+        .broker_pid()
+        .expect("the coordinator runs its broker");
     let http = reqwest::Client::new();
 
     assert!(
@@ -761,10 +766,19 @@ async fn the_coordinators_broker_confines_every_node_to_its_own_topics() {
     );
     common::eventually(Duration::from_secs(10), "edge-b listed", || {
         let (http, rest) = (http.clone(), rest.clone());
-        async move { node_ids(&http, &rest).await.contains(&"edge-b".to_string()).then_some(()) }
+        async move {
+            node_ids(&http, &rest)
+                .await
+                .contains(&"edge-b".to_string())
+                .then_some(())
+        }
     })
     .await;
-    assert_eq!(node_ids(&http, &rest).await, ["edge-b"], "a forged report was applied");
+    assert_eq!(
+        node_ids(&http, &rest).await,
+        ["edge-b"],
+        "a forged report was applied"
+    );
 
     // Floods: 200 retained 1 MiB messages on arbitrary topics, and on A's
     // own telemetry while A never reads its `#` subscription.
@@ -823,10 +837,19 @@ async fn the_coordinators_broker_confines_every_node_to_its_own_topics() {
     )
     .await
     .unwrap();
-    common::eventually(Duration::from_secs(5), "edge-a listed after the oversize message", || {
-        let (http, rest) = (http.clone(), rest.clone());
-        async move { node_ids(&http, &rest).await.contains(&"edge-a".to_string()).then_some(()) }
-    })
+    common::eventually(
+        Duration::from_secs(5),
+        "edge-a listed after the oversize message",
+        || {
+            let (http, rest) = (http.clone(), rest.clone());
+            async move {
+                node_ids(&http, &rest)
+                    .await
+                    .contains(&"edge-a".to_string())
+                    .then_some(())
+            }
+        },
+    )
     .await;
 
     // Revoked: B's live session is dropped within a second, and it cannot

@@ -74,7 +74,11 @@ fn two_agents_over_the_embedded_broker() {
     let _b = Agent::start(&coordinator, &coordinator.mqtt, "embedded-b", "");
     coordinator.wait_for_nodes(2, Duration::from_secs(30));
     let dir = tempfile::tempdir().unwrap();
-    run_echo(&coordinator, dir.path(), "hello over the coordinator's broker");
+    run_echo(
+        &coordinator,
+        dir.path(),
+        "hello over the coordinator's broker",
+    );
 }
 
 #[test]
