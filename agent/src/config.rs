@@ -12,6 +12,8 @@ use starling_net::{BrokerAddress, MqttTlsFiles};
 use starling_proto::limits::{MAX_LABELS, NODE_ID_LEN};
 use starling_proto::{Grants, Label, NodeId};
 
+use crate::caps::CapSettings;
+
 /// The broker an agent uses unless told otherwise.
 pub const DEFAULT_BROKER: &str = "mqtt://127.0.0.1:1883";
 
@@ -83,6 +85,9 @@ pub struct AgentConfig {
     /// Publisher keys (ed25519) this node trusts. When any is set, a task runs
     /// only if its artifact carries a valid signature by one of them.
     pub trusted_publishers: Vec<[u8; 32]>,
+    /// The most memory, wall time and output one task may ask for here
+    /// ([`crate::caps`]); unset caps are sized to the device.
+    pub task_caps: CapSettings,
 }
 
 impl Default for AgentConfig {
@@ -116,6 +121,7 @@ impl Default for AgentConfig {
             mqtt_tls: MqttTlsFiles::default(),
             allowed_grants: Grants::default(),
             trusted_publishers: Vec::new(),
+            task_caps: CapSettings::default(),
         }
     }
 }
@@ -199,6 +205,9 @@ pub enum ConfigError {
         /// What was wrong.
         detail: String,
     },
+    /// A task cap is malformed or zero.
+    #[error(transparent)]
+    TaskCaps(#[from] crate::caps::CapsError),
     /// A trusted publisher key is not 32 bytes of hex.
     #[error("invalid publisher key {key:?}: {detail}; give the publisher's ed25519 public key as 64 hex digits (starling keygen prints it)")]
     PublisherKey {
@@ -268,6 +277,8 @@ pub struct ConfigLayer {
     pub allowed_grants: Option<Grants>,
     /// See [`AgentConfig::trusted_publishers`].
     pub trusted_publishers: Option<Vec<[u8; 32]>>,
+    /// See [`AgentConfig::task_caps`]; merged cap by cap.
+    pub task_caps: CapSettings,
 }
 
 /// The TOML file's shape. Every key is optional; unknown keys are refused so a
@@ -303,6 +314,7 @@ struct FileConfig {
     mqtt_client_key: Option<PathBuf>,
     allow_grants: Option<Vec<String>>,
     trusted_publishers: Option<Vec<String>>,
+    task_caps: Option<crate::caps::CapsFile>,
 }
 
 impl ConfigLayer {
@@ -403,6 +415,11 @@ impl ConfigLayer {
                 .trusted_publishers
                 .map(|keys| parse_publisher_keys(&keys.join(",")))
                 .transpose()?,
+            task_caps: file
+                .task_caps
+                .map(|t| t.settings())
+                .transpose()?
+                .unwrap_or_default(),
         })
     }
 }
@@ -455,6 +472,7 @@ impl AgentConfig {
             allowed_grants: first(layers, |l| &l.allowed_grants).unwrap_or(defaults.allowed_grants),
             trusted_publishers: first(layers, |l| &l.trusted_publishers)
                 .unwrap_or(defaults.trusted_publishers),
+            task_caps: CapSettings::merge(layers.iter().map(|l| &l.task_caps)),
         };
         config.validate()?;
         Ok(config)
@@ -475,6 +493,7 @@ impl AgentConfig {
                 count: self.labels.len(),
             });
         }
+        self.task_caps.validate()?;
         if self.max_tasks == 0 {
             return Err(ConfigError::OutOfRange {
                 setting: "max-tasks",

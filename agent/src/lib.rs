@@ -5,13 +5,15 @@
 //! connection, telemetry timer, runners); [`session`] is the protocol logic it
 //! drives, without I/O; [`runner`] takes one attempt from assignment to final
 //! event; [`journal`] keeps attempts and unacknowledged events across
-//! restarts; [`verify`] checks an assignment's node, window and signature; [`artifact`] fetches
+//! restarts; [`verify`] checks an assignment's node, window and signature; [`caps`]
+//! bounds the limits a task may ask for on this node; [`artifact`] fetches
 //! and caches modules by digest; [`wasm`] runs them under limits; [`mod@probe`]
 //! and [`telemetry`] describe the device; [`config`] merges flags,
 //! environment, file and defaults.
 
 pub mod agent;
 pub mod artifact;
+pub mod caps;
 pub mod config;
 pub mod enroll;
 pub mod journal;

@@ -5,6 +5,7 @@ use std::path::PathBuf;
 
 use anyhow::Context;
 use clap::{Args, Parser, Subcommand};
+use starling_agent::caps::{parse_cap_duration, parse_cap_size, CapSettings};
 use starling_agent::config::{
     parse_coordinator_key, parse_duration, parse_grants, parse_labels, parse_publisher_keys,
 };
@@ -39,6 +40,9 @@ Config file (TOML; every key optional):
   coordinator-url = \"http://10.0.0.2:8080\"   # where to enroll
   mqtt-ca-file = \"/etc/starling/ca.pem\"      # for mqtts:// brokers
   allow-grants = [\"clock\"]                   # what wasm tasks may be granted [default: none]
+  [task-caps]                    # the most one task may ask for here [default: half the memory, 1h, 64MiB]
+  memory = \"2GiB\"
+  wall = \"2h\"
   [labels]
   zone = \"kitchen\"
 
@@ -118,6 +122,16 @@ struct Settings {
         hide_env_values = true
     )]
     join_token: Option<String>,
+    /// Largest memory limit a task may have on this node, like 2GiB; a task
+    /// asking for more is refused and placed elsewhere [default: half the device's memory].
+    #[arg(long, env = "STARLING_MAX_TASK_MEMORY", value_name = "SIZE")]
+    max_task_memory: Option<String>,
+    /// Longest wall-time limit a task may have on this node, like 2h [default: 1h].
+    #[arg(long, env = "STARLING_MAX_TASK_WALL", value_name = "DURATION")]
+    max_task_wall: Option<String>,
+    /// Largest output limit a task may have on this node [default: 64MiB].
+    #[arg(long, env = "STARLING_MAX_TASK_OUTPUT", value_name = "SIZE")]
+    max_task_output: Option<String>,
     /// MQTT user name [default: the enrolled one; none without enrollment].
     #[arg(long, env = "STARLING_MQTT_USERNAME", value_name = "NAME")]
     mqtt_username: Option<String>,
@@ -240,6 +254,23 @@ impl Settings {
                 .map(parse_duration)
                 .transpose()
                 .context("in --event-resend-interval / STARLING_EVENT_RESEND_INTERVAL")?,
+            task_caps: CapSettings {
+                memory_bytes: self
+                    .max_task_memory
+                    .as_deref()
+                    .map(|text| parse_cap_size("--max-task-memory", text))
+                    .transpose()?,
+                wall: self
+                    .max_task_wall
+                    .as_deref()
+                    .map(|text| parse_cap_duration("--max-task-wall", text))
+                    .transpose()?,
+                output_bytes: self
+                    .max_task_output
+                    .as_deref()
+                    .map(|text| parse_cap_size("--max-task-output", text))
+                    .transpose()?,
+            },
             ..ConfigLayer::default()
         };
         let mut layers = vec![flags];

@@ -19,6 +19,7 @@ use starling_proto::{
 use tokio::sync::{mpsc, Semaphore};
 
 use crate::artifact::{ArtifactStore, FetchedModule};
+use crate::caps::{CapSettings, TaskCaps};
 use crate::telemetry::TaskCounts;
 use crate::wasm::{CompiledModule, ExecError, RunRequest, WasmExecutor};
 
@@ -82,6 +83,7 @@ pub struct Runner {
     compiled: Mutex<HashMap<Digest, CompiledModule>>,
     power_level: AtomicU8,
     events: mpsc::UnboundedSender<TaskEvent>,
+    caps: TaskCaps,
 }
 
 impl std::fmt::Debug for Runner {
@@ -114,7 +116,23 @@ impl Runner {
             compiled: Mutex::new(HashMap::new()),
             power_level: AtomicU8::new(initial_power_level),
             events,
+            // The device's defaults until `with_task_caps` gives the configured ones.
+            caps: CapSettings::default().resolve(),
         }
+    }
+
+    /// Sets the caps on the limits an attempt may have here
+    /// (`AgentConfig::task_caps`, resolved); an assignment over them is
+    /// refused before it queues.
+    #[must_use]
+    pub fn with_task_caps(mut self, caps: TaskCaps) -> Self {
+        self.caps = caps;
+        self
+    }
+
+    /// The caps in force.
+    pub fn task_caps(&self) -> TaskCaps {
+        self.caps
     }
 
     /// The live task counts.
@@ -163,6 +181,22 @@ impl Runner {
     /// Runs one attempt to its final event. The accepted event has already
     /// been published by the session.
     pub async fn run_attempt(self: Arc<Self>, assignment: Assignment, cancel: Arc<AtomicBool>) {
+        // Limits over this node's caps are refused before the attempt takes
+        // a slot or fetches anything. `agent_busy` makes the coordinator
+        // place the task again (elsewhere, or failing it once its attempts
+        // are spent), with this message in the task's history.
+        if let Err(over) = self.caps.admit(&assignment.limits) {
+            tracing::warn!(task = %assignment.task_id, attempt = assignment.attempt, %over,
+                "assignment over this node's task caps; refused");
+            let event = self.failed_event(
+                &assignment,
+                FailureReason::AgentBusy,
+                &format!("refused: {over}"),
+                None,
+            );
+            self.send(event);
+            return;
+        }
         let final_event = {
             let queued = CountGuard::enter(&self.counters.queued);
             let permit = {
@@ -267,19 +301,41 @@ impl Runner {
         let assignment_grants = assignment.grants;
         let run_module = module.clone();
         let started = Instant::now();
-        let execution = tokio::task::spawn_blocking(move || {
-            executor.run_request(
-                &run_module,
-                RunRequest {
-                    program_name: &program_name,
-                    input: &input,
-                    args: &args,
-                    limits: &limits,
-                    cancel: Some(run_cancel),
-                    grants: assignment_grants,
-                },
-            )
-        });
+        // A thread of its own, not `spawn_blocking`: WASI host calls (a
+        // `poll_oneoff` sleep) run on the Tokio runtime of the calling
+        // thread, and a blocking-pool thread would hand them the agent's.
+        // A module still asleep in one when the agent shuts down (one whose
+        // attempt already ended on the outer timer below) then polled a
+        // timer of a runtime being shut down and panicked ("A Tokio 1.x
+        // context was found, but it is being shutdown"), and the runtime's
+        // drop waited for it. Outside the runtime, wasmtime-wasi uses its own
+        // runtime, which lives as long as the process.
+        let (result_sender, execution) = tokio::sync::oneshot::channel();
+        let spawned = std::thread::Builder::new()
+            .name("starling-task".into())
+            .spawn(move || {
+                let result = executor.run_request(
+                    &run_module,
+                    RunRequest {
+                        program_name: &program_name,
+                        input: &input,
+                        args: &args,
+                        limits: &limits,
+                        cancel: Some(run_cancel),
+                        grants: assignment_grants,
+                    },
+                );
+                // The runner may have stopped waiting (wall time, shutdown).
+                let _ = result_sender.send(result);
+            });
+        if let Err(error) = spawned {
+            return self.failed_event(
+                assignment,
+                FailureReason::AgentBusy,
+                &format!("cannot start a thread for the task: {error}"),
+                None,
+            );
+        }
         // Epoch interruption stops wasm code, not a host call the module is
         // blocked in (a long `poll_oneoff` sleep). This outer timer catches
         // that case: the slot is released and the attempt reported as timed
@@ -329,10 +385,11 @@ impl Runner {
                 }
                 event
             }
-            Err(join_error) => self.failed_event(
+            // The thread ended without a result: the executor panicked.
+            Err(_) => self.failed_event(
                 assignment,
                 FailureReason::Internal,
-                &format!("the execution thread failed: {join_error}"),
+                "the execution thread failed without a result",
                 None,
             ),
         }

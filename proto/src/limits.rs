@@ -51,3 +51,24 @@ pub const MAX_ARGS: usize = 16;
 pub const ARG_LEN: usize = 256;
 /// Longest URL carried in a message, in bytes.
 pub const URL_LEN: usize = 256;
+
+/// Largest wall-clock limit a task may declare, in milliseconds: 24 hours.
+/// Edge tasks run for seconds to minutes; a day covers any batch job we have
+/// seen, and a slot held longer is better split into tasks. The coordinator
+/// refuses more at submission (`invalid_limits`), so a limit like `u64::MAX`
+/// never reaches a node or the arithmetic that adds grace periods to it.
+pub const MAX_TASK_WALL_MS: u64 = 24 * 60 * 60 * 1000;
+
+/// Largest memory limit a task may declare, in bytes: 256 GiB. Above the
+/// memory of any single host or accelerator a task is placed on (wasm32
+/// modules address at most 4 GiB; the largest GPUs hold under 200 GB), so no
+/// real task is refused, while unbounded values are. Each node refuses
+/// limits over its own, smaller cap (the agent's `--max-task-memory`).
+pub const MAX_TASK_MEMORY_BYTES: u64 = 256 * 1024 * 1024 * 1024;
+
+/// Largest output limit a task may declare, in bytes: 64 MiB. Output travels
+/// inline in the final event, so every consumer clamps it to
+/// [`MAX_INLINE_OUTPUT_BYTES`] anyway; the headroom keeps manifests that ask
+/// for a few MiB (as the OpenCL benchmarks do) valid, and refuses the
+/// unbounded values that meant nothing.
+pub const MAX_TASK_OUTPUT_BYTES: u64 = 64 * 1024 * 1024;

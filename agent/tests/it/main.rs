@@ -5,6 +5,7 @@
 
 mod agent_end_to_end;
 mod artifact_cache;
+mod caps;
 mod cli;
 mod enroll;
 mod grants;
