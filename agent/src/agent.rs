@@ -34,7 +34,8 @@ use rumqttc::{
 use starling_net::BrokerAddress;
 use starling_proto::limits::MAX_MESSAGE_BYTES;
 use starling_proto::{
-    Assignment, Capability, Channel, EncodeError, LinkState, NodeState, TaskEvent, Topics,
+    Assignment, Capability, Channel, EncodeError, LinkState, NodeState, ReportChannel, TaskEvent,
+    Topics,
 };
 use tokio::sync::{mpsc, watch};
 
@@ -42,6 +43,7 @@ use crate::artifact::{ArtifactStore, OpenStoreError};
 use crate::config::{AgentConfig, ConfigError};
 use crate::journal::{Journal, JournalError, JournalLimits};
 use crate::probe::{add_opencl, probe, probe_opencl, ProbeError};
+use crate::report_key::{ReportKeyError, ReportSealer};
 use crate::runner::Runner;
 use crate::session::{Action, Outgoing, Session};
 use crate::telemetry::TelemetrySampler;
@@ -99,6 +101,9 @@ pub enum AgentError {
     /// A message of the agent's own could not be encoded.
     #[error(transparent)]
     Encode(#[from] EncodeError),
+    /// The node's report key is unreadable.
+    #[error(transparent)]
+    ReportKey(#[from] ReportKeyError),
     /// The journal could not be opened.
     #[error(transparent)]
     Journal(#[from] JournalError),
@@ -225,6 +230,7 @@ pub async fn run(
     };
     let (journal, remembered) = Journal::open(&config.data_dir, limits).await?;
     tracing::info!(path = %journal.path().display(), attempts = remembered.len(), "journal open");
+    let sealer = Arc::new(report_sealer(&config, &node_id, &topics)?);
     let mut session = Session::new(node_id.clone(), topics, verifier);
     session.set_runtimes(&capability.runtimes);
     if journal.is_fresh() {
@@ -239,6 +245,9 @@ pub async fn run(
     let resumed = session.restore(remembered, unix_ms());
 
     let will = session.status(NodeState::Offline)?;
+    // Signed now and published by the broker later: it counts on a channel
+    // of its own (see `ReportChannel::Will`).
+    let will_payload = sealer.seal_as(ReportChannel::Will, will.payload.clone())?;
     let mut options = MqttOptions::new(node_id.as_str(), address.host.as_str(), address.port);
     options
         .set_clean_session(false)
@@ -248,8 +257,8 @@ pub async fn run(
         // and a crash before the journal write would lose it.
         .set_manual_acks(true)
         .set_last_will(LastWill::new(
-            will.topic,
-            will.payload,
+            will.topic.clone(),
+            will_payload,
             QoS::AtLeastOnce,
             true,
         ));
@@ -280,6 +289,10 @@ pub async fn run(
     let stopping = Arc::new(AtomicBool::new(false));
     let connection = tokio::spawn(drive_connection(
         eventloop,
+        LastWords {
+            will,
+            sealer: Arc::clone(&sealer),
+        },
         inbound_sender,
         Arc::clone(&link),
         Arc::clone(&stopping),
@@ -289,6 +302,7 @@ pub async fn run(
     let (outbound_sender, outbound) = mpsc::unbounded_channel();
     let outbound_task = tokio::spawn(drive_outbound(
         client.clone(),
+        Arc::clone(&sealer),
         journal.clone(),
         outbound,
         connected,
@@ -358,7 +372,7 @@ pub async fn run(
             _ = telemetry_timer.tick() => {
                 let mut telemetry = sampler.sample(counters.snapshot(), runner.power_level(), link.state());
                 io.session.list_attempts(&mut telemetry);
-                match io.session.telemetry(&telemetry) {
+                match io.session.telemetry(&telemetry).and_then(|outgoing| sealer.seal(outgoing)) {
                     // Never wait for room: while the broker is unreachable the
                     // client's queue fills, and a stale sample is worth nothing.
                     Ok(outgoing) => {
@@ -398,7 +412,7 @@ pub async fn run(
             "queued messages were not all sent before shutdown; the journal keeps the events"
         );
     }
-    publish(&client, session.status(NodeState::Offline)?).await;
+    publish(&client, &sealer, session.status(NodeState::Offline)?).await;
     stopping.store(true, Ordering::SeqCst);
     if let Err(error) = client.disconnect().await {
         tracing::debug!(%error, "disconnect request not queued");
@@ -409,6 +423,36 @@ pub async fn run(
     }
     journal.close().await;
     Ok(())
+}
+
+/// The sealer for this node's reports: signing with the report key made at
+/// enrollment, or unsigned (with a warning when the node is enrolled) for a
+/// node without one.
+fn report_sealer(
+    config: &AgentConfig,
+    node_id: &starling_proto::NodeId,
+    topics: &Topics,
+) -> Result<ReportSealer, AgentError> {
+    match crate::report_key::load(&config.data_dir)? {
+        Some(key) => {
+            tracing::info!(
+                key = %crate::report_key::public_hex(&key),
+                "reports are signed with this node's report key"
+            );
+            Ok(ReportSealer::signing(
+                &config.data_dir,
+                node_id.clone(),
+                topics.clone(),
+                key,
+            ))
+        }
+        None => {
+            if config.mqtt_username.is_some() {
+                tracing::warn!("this node has no report key (enrolled before reports were signed, or given MQTT credentials by hand): its reports go unsigned, and a coordinator that requires signed reports refuses them; revoke it and enroll again with a new join token");
+            }
+            Ok(ReportSealer::unsigned(topics.clone()))
+        }
+    }
 }
 
 /// The assignment checks from the configuration, with a warning when they
@@ -630,10 +674,43 @@ fn describe(error: &ConnectionError) -> String {
     }
 }
 
+/// The node's last will, sealed afresh for every connection: a will the
+/// broker published once is spent (its counter is the coordinator's mark),
+/// so the next connection must leave one with a higher counter.
+struct LastWords {
+    will: Outgoing,
+    sealer: Arc<ReportSealer>,
+}
+
+impl LastWords {
+    fn renew(&self, options: &mut MqttOptions) {
+        if !self.sealer.is_signing() {
+            return;
+        }
+        match self
+            .sealer
+            .seal_as(ReportChannel::Will, self.will.payload.clone())
+        {
+            Ok(payload) => {
+                options.set_last_will(LastWill::new(
+                    self.will.topic.clone(),
+                    payload,
+                    QoS::AtLeastOnce,
+                    true,
+                ));
+            }
+            Err(error) => {
+                tracing::error!(%error, "cannot seal the last will; the previous one stays")
+            }
+        }
+    }
+}
+
 /// Polls rumqttc's event loop for the agent's whole life: forwards publishes,
 /// notes pings for RTT, and retries lost connections with backoff.
 async fn drive_connection(
     mut eventloop: EventLoop,
+    last_words: LastWords,
     inbound: mpsc::UnboundedSender<Inbound>,
     link: Arc<LinkTracker>,
     stopping: Arc<AtomicBool>,
@@ -675,6 +752,7 @@ async fn drive_connection(
                 online.send_replace(false);
                 tracing::warn!(error = %describe(&error), retry_in = ?backoff,
                     "lost the MQTT connection; retrying");
+                last_words.renew(&mut eventloop.mqtt_options);
                 tokio::time::sleep(backoff).await;
                 backoff = (backoff * 2).min(MAX_RECONNECT_BACKOFF);
             }
@@ -688,6 +766,7 @@ async fn drive_connection(
 /// drops its sender.
 async fn drive_outbound(
     client: AsyncClient,
+    sealer: Arc<ReportSealer>,
     journal: Journal,
     mut requests: mpsc::UnboundedReceiver<Outbound>,
     connected: watch::Receiver<bool>,
@@ -701,7 +780,7 @@ async fn drive_outbound(
         tokio::select! {
             request = requests.recv() => match request {
                 None => return,
-                Some(Outbound::Publish(outgoing)) => publish(&client, outgoing).await,
+                Some(Outbound::Publish(outgoing)) => publish(&client, &sealer, outgoing).await,
                 Some(Outbound::Subscribe(topics)) => {
                     for (topic, qos) in topics {
                         if let Err(error) = client.subscribe(topic.clone(), qos).await {
@@ -714,12 +793,12 @@ async fn drive_outbound(
                         tracing::warn!(%error, "cannot queue an acknowledgement");
                     }
                 }
-                Some(Outbound::ResendAll) => resend(&client, &journal, &events_topic, u64::MAX).await,
+                Some(Outbound::ResendAll) => resend(&client, &sealer, &journal, &events_topic, u64::MAX).await,
             },
             _ = timer.tick() => {
                 if *connected.borrow() {
                     let interval_ms = u64::try_from(interval.as_millis()).unwrap_or(u64::MAX);
-                    resend(&client, &journal, &events_topic, unix_ms().saturating_sub(interval_ms)).await;
+                    resend(&client, &sealer, &journal, &events_topic, unix_ms().saturating_sub(interval_ms)).await;
                 }
             }
         }
@@ -727,9 +806,11 @@ async fn drive_outbound(
 }
 
 /// Publishes every unacknowledged event journaled no later than
-/// `created_before_ms`, oldest first.
+/// `created_before_ms`, oldest first. Each send is sealed afresh: a re-sent
+/// event carries a new counter, or the coordinator would take it for a replay.
 async fn resend(
     client: &AsyncClient,
+    sealer: &ReportSealer,
     journal: &Journal,
     events_topic: &str,
     created_before_ms: u64,
@@ -747,7 +828,9 @@ async fn resend(
         let Some(last) = page.last() else { break };
         after = last.seq;
         for entry in page {
-            let payload = match starling_proto::encode(&entry.event) {
+            let sealed = starling_proto::encode(&entry.event)
+                .and_then(|payload| sealer.seal_as(ReportChannel::Events, payload));
+            let payload = match sealed {
                 Ok(payload) => payload,
                 Err(error) => {
                     tracing::error!(%error, "cannot encode a journaled event");
@@ -768,7 +851,14 @@ async fn resend(
     }
 }
 
-async fn publish(client: &AsyncClient, outgoing: Outgoing) {
+async fn publish(client: &AsyncClient, sealer: &ReportSealer, outgoing: Outgoing) {
+    let outgoing = match sealer.seal(outgoing) {
+        Ok(outgoing) => outgoing,
+        Err(error) => {
+            tracing::error!(%error, "cannot seal a report; not sent");
+            return;
+        }
+    };
     let Outgoing {
         topic,
         payload,

@@ -1,14 +1,14 @@
 //! Enrollment: an agent trades a join token for its own credentials once, and
 //! keeps them in `<data-dir>/credentials.json` (mode 0600) from then on.
 //!
-//! The coordinator answers `POST {coordinator_url}/api/v1/enroll` with the
+//! The agent makes its report key (see `report_key`) and sends the public
+//! half. The coordinator answers `POST {coordinator_url}/api/v1/enroll` with the
 //! node's MQTT user name and password, the topic prefix, and the coordinator's
 //! ed25519 public key, which the agent pins: every assignment must verify
 //! against it. A join token is single-use on the coordinator's side, so the
 //! file, not the token, is what lets a rebooted agent back in; a token passed
 //! again once the file exists is ignored.
 
-use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
@@ -46,6 +46,7 @@ pub struct Credentials {
 struct EnrollRequest<'a> {
     join_token: &'a str,
     node_id: &'a str,
+    report_key: &'a str,
 }
 
 /// Why the agent could not obtain or use its credentials.
@@ -113,6 +114,9 @@ pub enum EnrollError {
         /// What was wrong.
         detail: String,
     },
+    /// The node's report key could not be made.
+    #[error(transparent)]
+    ReportKey(#[from] crate::report_key::ReportKeyError),
     /// The answer names another coordinator key than the one this agent was
     /// told to expect: something between it and the coordinator answered.
     #[error("the enrollment answer carries coordinator key {received}, not the expected {expected} (--coordinator-key); refusing it, nothing was saved. Check --coordinator-url, and the network between this node and the coordinator")]
@@ -166,10 +170,15 @@ pub async fn prepare(config: &mut AgentConfig) -> Result<Option<Credentials>, En
             .map_err(|e| EnrollError::BadAnswer {
                 detail: e.to_string(),
             })?;
+        // The node's report key is made here, on the node; only its public
+        // half goes with the request. A failed enrollment leaves a key that
+        // the next attempt replaces.
+        let report_key = crate::report_key::create(&config.data_dir)?;
         let credentials = enroll(
             &url,
             &token,
             node_id.as_str(),
+            &crate::report_key::public_hex(&report_key),
             config.coordinator_ca_file.as_deref(),
         )
         .await?;
@@ -218,6 +227,7 @@ pub async fn enroll(
     coordinator_url: &str,
     join_token: &str,
     node_id: &str,
+    report_key: &str,
     ca_file: Option<&Path>,
 ) -> Result<Credentials, EnrollError> {
     let url = format!("{}{ENROLL_PATH}", coordinator_url.trim_end_matches('/'));
@@ -235,6 +245,7 @@ pub async fn enroll(
         .json(&EnrollRequest {
             join_token,
             node_id,
+            report_key,
         })
         .send()
         .await
@@ -279,40 +290,16 @@ pub fn load(path: &Path) -> Result<Credentials, EnrollError> {
     Ok(credentials)
 }
 
-/// Writes a credentials file atomically (a temporary file beside it, synced,
-/// then renamed), readable by its owner only: it holds the MQTT password.
+/// Writes a credentials file atomically, readable by its owner only: it
+/// holds the MQTT password.
 pub fn save(path: &Path, credentials: &Credentials) -> Result<(), EnrollError> {
     let fail = |source: std::io::Error| EnrollError::WriteCredentials {
         path: path.to_owned(),
         source,
     };
-    if let Some(dir) = path.parent() {
-        std::fs::create_dir_all(dir).map_err(fail)?;
-    }
     let text =
         serde_json::to_vec_pretty(credentials).map_err(|e| fail(std::io::Error::other(e)))?;
-    let temporary = path.with_extension("json.tmp");
-    let mut options = std::fs::OpenOptions::new();
-    options.write(true).create(true).truncate(true);
-    #[cfg(unix)]
-    {
-        use std::os::unix::fs::OpenOptionsExt;
-        options.mode(0o600);
-    }
-    let mut file = options.open(&temporary).map_err(fail)?;
-    // A leftover temporary file from a crash keeps the mode it was created
-    // with; set it again rather than trust it.
-    #[cfg(unix)]
-    {
-        use std::os::unix::fs::PermissionsExt;
-        file.set_permissions(std::fs::Permissions::from_mode(0o600))
-            .map_err(fail)?;
-    }
-    file.write_all(&text).map_err(fail)?;
-    file.sync_all().map_err(fail)?;
-    drop(file);
-    std::fs::rename(&temporary, path).map_err(fail)?;
-    Ok(())
+    crate::private_file::write(path, &text).map_err(fail)
 }
 
 /// Fills `config` from `credentials`, explicit settings winning.

@@ -96,6 +96,9 @@ pub struct EnrollRequest {
     pub join_token: String,
     /// The node id to enroll (it becomes the MQTT user name).
     pub node_id: String,
+    /// The ed25519 public key (64 hex digits) the node made for itself and
+    /// signs its reports with; its secret half never leaves the node.
+    pub report_key: String,
 }
 
 /// A join token request.

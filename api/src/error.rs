@@ -99,6 +99,8 @@ error_codes! {
     NodeNotFound = "node_not_found" => 404,
     /// A node id that is not a valid MQTT user name and topic level.
     InvalidNodeId = "invalid_node_id" => 400,
+    /// An enrollment's report key is not an ed25519 public key in hex.
+    InvalidReportKey = "invalid_report_key" => 400,
     /// A node id the coordinator keeps for itself.
     NodeIdReserved = "node_id_reserved" => 409,
     /// The node is enrolled and not revoked.

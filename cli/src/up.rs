@@ -199,8 +199,15 @@ async fn local_agent_credentials(
     let node_id = agent_config
         .resolved_node_id()
         .map_err(|error| UpError::Credentials(error.to_string()))?;
+    // The agent's report key, made in its data directory as enrollment
+    // would; a restarted `starling up` mints new credentials and a new key.
+    let report_key = starling_agent::report_key::create(&agent_config.data_dir)
+        .map_err(|error| UpError::Credentials(error.to_string()))?;
     running
-        .mint_node_credentials(node_id.as_str())
+        .mint_node_credentials(
+            node_id.as_str(),
+            &starling_agent::report_key::public_hex(&report_key),
+        )
         .await
         .map_err(|error| {
             UpError::Credentials(format!(

@@ -19,7 +19,7 @@ use base64::Engine as _;
 use sha2::{Digest as _, Sha256, Sha512};
 use starling_api::NodeCredentials;
 
-use crate::store::access::NodeCredentialRow;
+use crate::store::access::{NewCredentials, NodeCredentialRow};
 use crate::store::{Store, StoreError};
 
 /// Prefix of REST API tokens, so a leaked one is recognisable in logs and scanners.
@@ -56,6 +56,9 @@ pub enum AccessError {
         #[source]
         source: std::io::Error,
     },
+    /// A node's report key is unusable.
+    #[error(transparent)]
+    ReportKey(ReportKeyError),
     /// Mosquitto could not be told to reload its files.
     #[error("cannot signal Mosquitto to reload ({detail}); check --mosquitto-pid-file")]
     Reload {
@@ -122,6 +125,17 @@ pub struct PasswordHashes {
     pub mosquitto: String,
 }
 
+impl PasswordHashes {
+    /// What the store keeps for a node with these hashes and `report_key`.
+    pub fn for_node<'a>(&'a self, report_key: &'a str) -> NewCredentials<'a> {
+        NewCredentials {
+            password_sha256: &self.sha256,
+            mosquitto_hash: &self.mosquitto,
+            report_key,
+        }
+    }
+}
+
 /// Draws a node password and its hashes.
 pub fn new_node_password() -> Result<(String, PasswordHashes), AccessError> {
     let password = new_secret("")?;
@@ -140,6 +154,9 @@ pub fn new_node_password() -> Result<(String, PasswordHashes), AccessError> {
 pub struct MqttAccess {
     internal_user: String,
     revoked: RwLock<std::collections::HashSet<String>>,
+    /// Each enrolled node's report key, by node id; a node enrolled before
+    /// reports were signed has none.
+    report_keys: RwLock<std::collections::HashMap<String, [u8; 32]>>,
 }
 
 impl MqttAccess {
@@ -148,6 +165,7 @@ impl MqttAccess {
         Self {
             internal_user: internal_user.to_string(),
             revoked: RwLock::new(std::collections::HashSet::new()),
+            report_keys: RwLock::new(std::collections::HashMap::new()),
         }
     }
 
@@ -164,6 +182,15 @@ impl MqttAccess {
             .contains(node_id)
     }
 
+    /// The key `node_id`'s reports must be signed with, if it has one.
+    pub fn report_key(&self, node_id: &str) -> Option<[u8; 32]> {
+        self.report_keys
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .get(node_id)
+            .copied()
+    }
+
     /// Replaces the cached credentials with the store's.
     pub fn replace(&self, rows: &[NodeCredentialRow]) {
         let revoked = rows
@@ -171,11 +198,49 @@ impl MqttAccess {
             .filter(|row| row.revoked_ms.is_some())
             .map(|row| row.node_id.clone())
             .collect();
+        // A key that does not parse was refused at enrollment; one that got
+        // into the store some other way leaves its node unable to report
+        // rather than able to report unsigned.
+        let keys = rows
+            .iter()
+            .filter_map(|row| {
+                let key = parse_report_key(row.report_key.as_deref()?).unwrap_or([0; 32]);
+                Some((row.node_id.clone(), key))
+            })
+            .collect();
         *self
             .revoked
             .write()
             .unwrap_or_else(std::sync::PoisonError::into_inner) = revoked;
+        *self
+            .report_keys
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = keys;
     }
+}
+
+/// Why a node's report key was refused at enrollment.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ReportKeyError {
+    /// Not 64 hex digits.
+    #[error("the report key must be 64 hex digits (an ed25519 public key)")]
+    NotHex,
+    /// 32 bytes that are not a usable ed25519 public key.
+    #[error("the report key is not an ed25519 public key")]
+    NotAKey,
+}
+
+/// Parses a node's report key: 64 hex digits of an ed25519 public key that
+/// is not of small order (such a key would accept forged signatures).
+pub fn parse_report_key(text: &str) -> Result<[u8; 32], ReportKeyError> {
+    let bytes = hex::decode(text).map_err(|_| ReportKeyError::NotHex)?;
+    let key: [u8; 32] = bytes.try_into().map_err(|_| ReportKeyError::NotHex)?;
+    let verifying =
+        ed25519_dalek::VerifyingKey::from_bytes(&key).map_err(|_| ReportKeyError::NotAKey)?;
+    if verifying.is_weak() {
+        return Err(ReportKeyError::NotAKey);
+    }
+    Ok(key)
 }
 
 /// How Mosquitto is told to reread its files after a rewrite.
@@ -422,17 +487,25 @@ pub(crate) async fn refresh(
 pub(crate) async fn mint_credentials(
     shared: &crate::Shared,
     node_id: &str,
+    report_key: &str,
 ) -> Result<NodeCredentials, AccessError> {
+    parse_report_key(report_key).map_err(AccessError::ReportKey)?;
     let (password, hashes) = new_node_password()?;
     shared
         .store
         .set_node_credentials(
             node_id,
-            &hashes.sha256,
-            &hashes.mosquitto,
+            hashes.for_node(report_key),
             crate::task::unix_now_ms(),
         )
         .await?;
+    if let Ok(node) = starling_proto::NodeId::new(node_id) {
+        shared
+            .report_marks
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .forget(&node);
+    }
     refresh(
         &shared.store,
         &shared.mqtt_access,
@@ -510,6 +583,7 @@ mod tests {
             mosquitto_hash: String::new(),
             created_ms: 1,
             revoked_ms,
+            report_key: None,
         };
         access.replace(&[row("pi-1", None), row("pi-2", Some(2))]);
         assert!(access.is_revoked("pi-2"));
@@ -517,5 +591,35 @@ mod tests {
         assert!(!access.is_revoked("stranger"));
         access.replace(&[row("pi-1", None)]);
         assert!(!access.is_revoked("pi-2"));
+    }
+
+    #[test]
+    fn report_keys_are_cached_and_an_unusable_one_verifies_nothing() {
+        let access = MqttAccess::new(INTERNAL_MQTT_USER);
+        let key = ed25519_dalek::SigningKey::from_bytes(&[3; 32])
+            .verifying_key()
+            .to_bytes();
+        let row = |node_id: &str, report_key: Option<String>| NodeCredentialRow {
+            node_id: node_id.into(),
+            password_sha256: sha256_hex("pw"),
+            mosquitto_hash: String::new(),
+            created_ms: 1,
+            revoked_ms: None,
+            report_key,
+        };
+        access.replace(&[
+            row("pi-1", Some(hex::encode(key))),
+            row("pi-2", None),
+            row("pi-3", Some("not a key".into())),
+        ]);
+        assert_eq!(access.report_key("pi-1"), Some(key));
+        assert_eq!(access.report_key("pi-2"), None);
+        // Stored but unusable: still keyed (never unsigned), by a key no
+        // signature verifies with.
+        assert_eq!(access.report_key("pi-3"), Some([0; 32]));
+        assert_eq!(parse_report_key(&hex::encode(key)), Ok(key));
+        assert_eq!(parse_report_key("zz"), Err(ReportKeyError::NotHex));
+        let identity = format!("01{}", "00".repeat(31));
+        assert_eq!(parse_report_key(&identity), Err(ReportKeyError::NotAKey));
     }
 }

@@ -16,7 +16,7 @@ use crate::config::CoordinatorConfig;
 use crate::mqtt::broker;
 use crate::registry::{NodeRegistry, Registry};
 use crate::store::{self, Store};
-use crate::{access, federation, http, loops, models, mqtt, server_tls, signing, task};
+use crate::{access, domain, federation, http, loops, models, mqtt, server_tls, signing, task};
 use starling_net::BrokerAddress;
 
 /// Why the coordinator could not start. Each message says what to change.
@@ -122,6 +122,11 @@ pub(crate) struct Shared {
     pub(crate) mqtt_access: Arc<access::MqttAccess>,
     /// The external Mosquitto's password file and ACL, when configured.
     pub(crate) mosquitto: Option<access::MosquittoFiles>,
+    /// The highest report counter accepted per node and report channel.
+    pub(crate) report_marks: std::sync::Mutex<domain::reports::ReportMarks>,
+    /// Whether nodes without a report key are heard (`--mqtt-allow-anonymous`,
+    /// development only).
+    pub(crate) accept_unsigned_reports: bool,
     pub(crate) wake_scheduler: Arc<Notify>,
     /// Since when (Unix ms) the coordinator's own broker connection is up; 0
     /// while it is down. Silence heard through a dead connection says nothing
@@ -153,6 +158,10 @@ pub(crate) struct Counters {
     pub(crate) attempts_overdue: std::sync::atomic::AtomicU64,
     /// Attempts ended because their online node did not list them.
     pub(crate) attempts_unknown_to_node: std::sync::atomic::AtomicU64,
+    /// Reports refused for not proving their sender, by the position of
+    /// their reason in `ReportRefused::REASONS`.
+    pub(crate) reports_refused:
+        [std::sync::atomic::AtomicU64; domain::reports::ReportRefused::REASONS.len()],
 }
 
 impl Counters {
@@ -250,14 +259,16 @@ impl Running {
         self.shared.coordinator_key()
     }
 
-    /// Mints MQTT credentials for `node_id` directly in the store, replacing
-    /// any it had: for an agent this process runs itself (`starling up`),
+    /// Mints MQTT credentials for `node_id`, whose reports are signed with
+    /// `report_key` (64 hex digits), directly in the store, replacing any it
+    /// had: for an agent this process runs itself (`starling up`),
     /// which needs no join token.
     pub async fn mint_node_credentials(
         &self,
         node_id: &str,
+        report_key: &str,
     ) -> Result<starling_api::NodeCredentials, access::AccessError> {
-        access::mint_credentials(&self.shared, node_id).await
+        access::mint_credentials(&self.shared, node_id, report_key).await
     }
 
     /// The store, for tools that run beside the coordinator.
@@ -407,6 +418,13 @@ pub async fn start(config: CoordinatorConfig) -> Result<Running, StartError> {
                 return Err(error);
             }
         };
+    let report_marks = match store.report_marks().await {
+        Ok(rows) => domain::reports::ReportMarks::load(rows),
+        Err(error) => {
+            store.close().await;
+            return Err(access::AccessError::from(error).into());
+        }
+    };
     if config.api_token.is_none() {
         tracing::warn!(
             "no API token configured (--api-token / STARLING_API_TOKEN): every REST call is allowed; set one to enforce roles"
@@ -516,6 +534,8 @@ pub async fn start(config: CoordinatorConfig) -> Result<Running, StartError> {
         api_token: config.api_token.clone(),
         mqtt_access,
         mosquitto,
+        report_marks: std::sync::Mutex::new(report_marks),
+        accept_unsigned_reports: config.mqtt_allow_anonymous,
         wake_scheduler: Arc::new(Notify::new()),
         broker_up_since_ms: Arc::new(std::sync::atomic::AtomicU64::new(task::unix_now_ms())),
         counters,

@@ -63,6 +63,19 @@ impl ReportChannel {
         }
     }
 
+    /// The kind of report a node publishes itself on topic channel
+    /// `channel` (never [`ReportChannel::Will`], which the broker publishes);
+    /// `None` for the channels the coordinator publishes.
+    pub fn published_on(channel: Channel) -> Option<ReportChannel> {
+        match channel {
+            Channel::Capability => Some(ReportChannel::Capability),
+            Channel::Telemetry => Some(ReportChannel::Telemetry),
+            Channel::Status => Some(ReportChannel::Status),
+            Channel::Events => Some(ReportChannel::Events),
+            Channel::Assign | Channel::Cancel | Channel::Ack => None,
+        }
+    }
+
     /// The topic channel a report of this kind travels on.
     pub fn topic(self) -> Channel {
         match self {
@@ -120,7 +133,10 @@ fn signed_bytes(node_id: &NodeId, channel: ReportChannel, counter: u64, message:
 
 /// How many counter values a node reserves with one write of its high-water
 /// mark: the agent persists a mark once per block, not once per report.
-pub const COUNTER_BLOCK: u64 = 1_000_000;
+/// Counters follow Unix microseconds, so a block is ten minutes of them: a
+/// node writes its mark about every ten minutes (flash wears out), and after
+/// a crash with its clock set back it resumes at most ten minutes ahead.
+pub const COUNTER_BLOCK: u64 = 600_000_000;
 
 /// A node's counter for one report channel: strictly increasing for a key,
 /// across restarts (it resumes from the persisted reservation) and across

@@ -125,10 +125,22 @@ async fn a_join_token_is_traded_once_for_private_credentials() {
         requests[0]
     );
     let body: serde_json::Value = serde_json::from_str(&requests[0].1).unwrap();
+    // The node's report key was made here, and only its public half sent.
+    let report_key = starling_agent::report_key::load(dir.path())
+        .unwrap()
+        .expect("enrollment made a report key");
+    let public = starling_agent::report_key::public_hex(&report_key);
     assert_eq!(
         body,
-        serde_json::json!({"join_token": "join-abc", "node_id": "edge-1"})
+        serde_json::json!({"join_token": "join-abc", "node_id": "edge-1", "report_key": public})
     );
+    assert!(!requests[0].1.contains(&hex::encode(report_key.to_bytes())));
+    {
+        use std::os::unix::fs::PermissionsExt;
+        let key_file = starling_agent::report_key::key_path(dir.path());
+        let mode = std::fs::metadata(key_file).unwrap().permissions().mode();
+        assert_eq!(mode & 0o777, 0o600, "the report key must be owner-only");
+    }
 
     assert_eq!(config.mqtt_username.as_deref(), Some("edge-1"));
     assert_eq!(config.mqtt_password.as_deref(), Some("s3cret"));

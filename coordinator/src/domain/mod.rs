@@ -7,12 +7,14 @@
 //! unacknowledged assignment is sent again. `liveness`: whose work goes back
 //! to the queue when nodes fall silent or stay away. `attempts`: which
 //! attempts on online nodes end (past their wall time, or unknown to their
-//! node) and which a node is told to stop.
+//! node) and which a node is told to stop. `reports`: whether a report comes
+//! from the node whose topic it is on (signature, channel, replay marks).
 
 pub mod attempts;
 pub mod delivery;
 pub mod liveness;
 pub mod reconcile;
+pub mod reports;
 
 pub use reconcile::{
     reconcile, EventFacts, NodeAfter, Reconciliation, ResultUpdate, TaskFacts, TaskUpdate,
@@ -35,6 +37,7 @@ mod tests {
         ("liveness.rs", include_str!("liveness.rs")),
         ("mod.rs", include_str!("mod.rs")),
         ("reconcile.rs", include_str!("reconcile.rs")),
+        ("reports.rs", include_str!("reports.rs")),
     ];
 
     /// The code of a line: without string literals (so this guard's own

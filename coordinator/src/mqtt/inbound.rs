@@ -1,14 +1,17 @@
 //! What a node's message is, before anything changes: the topic names a node
 //! and a channel under this coordinator's prefix, the node is not revoked,
-//! the payload decodes as that channel's message, and an event's payload
-//! names the node its topic names (the topic and the payload are both the
-//! sender's words; a node may speak only for itself). No I/O: `ingest`
+//! the report is signed by that node's key for that channel and is not a
+//! replay (`domain::reports`), the message decodes as that channel's, and its
+//! payload names the node its topic names (the topic and the payload are both
+//! the sender's words; a node may speak only for itself). No I/O: `ingest`
 //! applies what this accepts.
 
 use starling_proto::{
-    decode, Capability, Channel, DecodeError, NodeId, Status, TaskEvent, Telemetry, Topics,
+    decode, Capability, Channel, DecodeError, NodeId, ReportChannel, Status, TaskEvent, Telemetry,
+    Topics,
 };
 
+use crate::domain::reports::{open_report, ReportRefused, Sender};
 use crate::registry::RegistryError;
 use crate::store::StoreError;
 
@@ -40,6 +43,9 @@ pub enum IngestError {
         #[source]
         source: DecodeError,
     },
+    /// The report does not prove it comes from the node of its topic.
+    #[error(transparent)]
+    Refused(#[from] ReportRefused),
     /// The registry refused the report.
     #[error(transparent)]
     Registry(#[from] RegistryError),
@@ -83,6 +89,26 @@ pub enum Inbound {
     Event(TaskEvent),
 }
 
+/// What ingest knows of the nodes that send reports.
+pub trait Senders {
+    /// Whether `node`'s credentials were revoked.
+    fn revoked(&self, node: &NodeId) -> bool;
+    /// The key `node` signs with, or whether it may report unsigned.
+    fn sender(&self, node: &NodeId) -> Sender;
+    /// The highest counter accepted from `node` on `channel`.
+    fn mark(&self, node: &NodeId, channel: ReportChannel) -> Option<u64>;
+}
+
+/// A message that passed every check, and the report mark to raise once it
+/// is applied (`None` for an unsigned report or a cleared topic).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Accepted {
+    /// The message.
+    pub inbound: Inbound,
+    /// The report's sender, kind and counter.
+    pub counted: Option<(NodeId, ReportChannel, u64)>,
+}
+
 fn decoded<M: starling_proto::Message>(
     node: &NodeId,
     channel: Channel,
@@ -95,23 +121,60 @@ fn decoded<M: starling_proto::Message>(
     })
 }
 
-/// Checks one received message; `revoked` says whether a node's credentials
-/// were revoked. An error means the message is dropped and nothing changes.
+/// Checks one received message (`retained`: the broker handed it out as a
+/// retained message). An error means the message is dropped and nothing
+/// changes.
 pub fn parse_inbound(
     topics: &Topics,
     topic: &str,
     payload: &[u8],
-    revoked: impl Fn(&NodeId) -> bool,
-) -> Result<Inbound, IngestError> {
+    retained: bool,
+    senders: &impl Senders,
+) -> Result<Accepted, IngestError> {
     let (node, channel) = topics
         .parse(topic)
         .ok_or_else(|| IngestError::ForeignTopic(topic.to_string()))?;
-    if revoked(&node) {
+    if senders.revoked(&node) {
         return Err(IngestError::RevokedNode(node.to_string()));
     }
-    if payload.is_empty() && matches!(channel, Channel::Capability | Channel::Status) {
-        return Ok(Inbound::Cleared);
+    // An empty message changes nothing: a retained topic cleared (by an
+    // operator, or by the coordinator itself for telemetry and events).
+    if payload.is_empty() {
+        return Ok(Accepted {
+            inbound: Inbound::Cleared,
+            counted: None,
+        });
     }
+    if ReportChannel::published_on(channel).is_none() {
+        return Err(IngestError::UnexpectedChannel {
+            topic: topic.to_string(),
+            channel: channel.as_str(),
+        });
+    }
+    let opened = open_report(
+        &node,
+        channel,
+        payload,
+        retained,
+        senders.sender(&node),
+        |report| senders.mark(&node, report),
+    )?;
+    let inbound = parse_message(&node, channel, topic, &opened.message)?;
+    Ok(Accepted {
+        inbound,
+        counted: opened
+            .counted
+            .map(|(report, counter)| (node, report, counter)),
+    })
+}
+
+fn parse_message(
+    node: &NodeId,
+    channel: Channel,
+    topic: &str,
+    payload: &[u8],
+) -> Result<Inbound, IngestError> {
+    let node = node.clone();
     match channel {
         Channel::Capability => Ok(Inbound::Capability(
             node.clone(),
@@ -157,12 +220,56 @@ mod tests {
         Topics::default().node(&node(id), channel)
     }
 
-    fn nobody_revoked(_: &NodeId) -> bool {
-        false
+    /// Senders as a test sets them: revoked nodes, keyed nodes (the rest
+    /// report unsigned), and marks.
+    #[derive(Default)]
+    struct Known {
+        revoked: Vec<&'static str>,
+        keys: Vec<(&'static str, [u8; 32])>,
+        marks: Vec<(&'static str, ReportChannel, u64)>,
+    }
+
+    impl Senders for Known {
+        fn revoked(&self, node: &NodeId) -> bool {
+            self.revoked.contains(&node.as_str())
+        }
+        fn sender(&self, node: &NodeId) -> Sender {
+            self.keys
+                .iter()
+                .find(|(id, _)| *id == node.as_str())
+                .map_or(
+                    Sender::Unkeyed {
+                        accept_unsigned: true,
+                    },
+                    |(_, key)| Sender::Keyed(*key),
+                )
+        }
+        fn mark(&self, node: &NodeId, channel: ReportChannel) -> Option<u64> {
+            self.marks
+                .iter()
+                .find(|(id, marked, _)| *id == node.as_str() && *marked == channel)
+                .map(|(_, _, counter)| *counter)
+        }
     }
 
     fn parse(topic: &str, payload: &[u8]) -> Result<Inbound, IngestError> {
-        parse_inbound(&Topics::default(), topic, payload, nobody_revoked)
+        parse_inbound(&Topics::default(), topic, payload, false, &Known::default())
+            .map(|accepted| accepted.inbound)
+    }
+
+    fn signing_key(seed: u8) -> ed25519_dalek::SigningKey {
+        ed25519_dalek::SigningKey::from_bytes(&[seed; 32])
+    }
+
+    fn sign(seed: u8, id: &str, channel: ReportChannel, counter: u64, message: &[u8]) -> Vec<u8> {
+        encode(&starling_proto::SignedReport::sign(
+            &signing_key(seed),
+            node(id),
+            channel,
+            counter,
+            message.to_vec(),
+        ))
+        .unwrap()
     }
 
     fn status(id: &str) -> Status {
@@ -205,19 +312,80 @@ mod tests {
     }
 
     #[test]
-    fn an_empty_retained_capability_or_status_is_a_cleared_topic_not_an_error() {
+    fn an_empty_message_is_a_cleared_topic_not_an_error() {
+        for channel in [
+            Channel::Capability,
+            Channel::Status,
+            Channel::Telemetry,
+            Channel::Events,
+        ] {
+            assert_eq!(parse(&topic("a", channel), b"").unwrap(), Inbound::Cleared);
+        }
+    }
+
+    #[test]
+    fn a_keyed_node_is_heard_only_through_its_signed_reports() {
+        let known = Known {
+            keys: vec![("b", signing_key(2).verifying_key().to_bytes())],
+            marks: vec![("b", ReportChannel::Events, 100)],
+            ..Known::default()
+        };
+        let check = |topic: &str, payload: &[u8]| {
+            parse_inbound(&Topics::default(), topic, payload, false, &known)
+        };
+        let events = topic("b", Channel::Events);
+        let event_bytes = encode(&event("b")).unwrap();
+        // B's own signed event, above its mark: accepted, with its counter.
+        let accepted = check(
+            &events,
+            &sign(2, "b", ReportChannel::Events, 101, &event_bytes),
+        )
+        .unwrap();
+        assert_eq!(accepted.inbound, Inbound::Event(event("b")));
         assert_eq!(
-            parse(&topic("a", Channel::Capability), b"").unwrap(),
-            Inbound::Cleared
+            accepted.counted,
+            Some((node("b"), ReportChannel::Events, 101))
         );
-        assert_eq!(
-            parse(&topic("a", Channel::Status), b"").unwrap(),
-            Inbound::Cleared
-        );
+        // A (another node, its own key) publishing B's event on B's topic:
+        // unsigned, signed by A's key as B, signed as A.
+        let refusals = [
+            (event_bytes.clone(), "unsigned"),
+            (
+                sign(1, "b", ReportChannel::Events, 101, &event_bytes),
+                "signature",
+            ),
+            (
+                sign(1, "a", ReportChannel::Events, 101, &event_bytes),
+                "other_node",
+            ),
+            // B's genuine event sent again: a replay.
+            (
+                sign(2, "b", ReportChannel::Events, 100, &event_bytes),
+                "replay",
+            ),
+        ];
+        for (payload, reason) in refusals {
+            match check(&events, &payload) {
+                Err(IngestError::Refused(refused)) => assert_eq!(refused.reason(), reason),
+                other => panic!("{reason}: {other:?}"),
+            }
+        }
+        // B's status moved to its events topic.
+        let status_bytes = encode(&status("b")).unwrap();
         assert!(matches!(
-            parse(&topic("a", Channel::Telemetry), b""),
-            Err(IngestError::Decode { .. })
+            check(
+                &events,
+                &sign(2, "b", ReportChannel::Status, 200, &status_bytes)
+            ),
+            Err(IngestError::Refused(ReportRefused::WrongChannel { .. }))
         ));
+        // The last will arrives on the status topic.
+        let will = check(
+            &topic("b", Channel::Status),
+            &sign(2, "b", ReportChannel::Will, 5, &status_bytes),
+        )
+        .unwrap();
+        assert_eq!(will.inbound, Inbound::Status(node("b"), status("b")));
     }
 
     #[test]
@@ -239,7 +407,11 @@ mod tests {
             &Topics::default(),
             &topic("a", Channel::Status),
             &bytes,
-            |n| n.as_str() == "a",
+            false,
+            &Known {
+                revoked: vec!["a"],
+                ..Known::default()
+            },
         );
         assert!(matches!(revoked, Err(IngestError::RevokedNode(id)) if id == "a"));
         assert!(matches!(

@@ -16,12 +16,14 @@ use std::time::Duration;
 
 use rumqttc::{Event, EventLoop, Packet, QoS, SubscribeFilter};
 use starling_proto::{
-    encode, Cancel, Channel, EventAck, NodeId, TaskEvent, TaskState, PROTOCOL_VERSION,
+    encode, Cancel, Channel, EventAck, NodeId, ReportChannel, TaskEvent, TaskState,
+    PROTOCOL_VERSION,
 };
 use tokio::sync::{mpsc, watch};
 
 pub use super::inbound::IngestError;
-use super::inbound::{parse_inbound, Inbound};
+use super::inbound::{parse_inbound, Inbound, Senders};
+use crate::domain::reports::{ReportRefused, Sender};
 use crate::registry::RegistryChange;
 use crate::store::EventOutcome;
 use crate::task::{unix_now_ms, TaskStatus};
@@ -42,6 +44,9 @@ pub struct Received {
     pub topic: String,
     /// Its payload.
     pub payload: Vec<u8>,
+    /// Whether the broker handed it out as a retained message (at
+    /// subscription), rather than forwarding it as it was published.
+    pub retained: bool,
 }
 
 /// What handling a message did, for logs and tests.
@@ -114,6 +119,7 @@ pub(crate) async fn run_mqtt_loop(
                 let received = Received {
                     topic: publish.topic,
                     payload: publish.payload.to_vec(),
+                    retained: publish.retain,
                 };
                 if messages.send(received).await.is_err() {
                     break;
@@ -137,13 +143,64 @@ pub(crate) async fn run_mqtt_loop(
     }
 }
 
+/// How many refused messages are logged per [`LOG_WINDOW`]; the rest are
+/// only counted (on `/metrics`), so a flood of junk cannot fill the disk.
+const LOGGED_PER_WINDOW: u32 = 20;
+/// See [`LOGGED_PER_WINDOW`].
+const LOG_WINDOW: Duration = Duration::from_secs(10);
+
+/// A budget of warning lines per window, and how many were held back.
+struct LogBudget {
+    window_start: tokio::time::Instant,
+    logged: u32,
+    held_back: u64,
+}
+
+impl LogBudget {
+    fn new() -> Self {
+        Self {
+            window_start: tokio::time::Instant::now(),
+            logged: 0,
+            held_back: 0,
+        }
+    }
+
+    /// Whether one more line may be written now; opening a new window first
+    /// says how many lines the last one held back.
+    fn allow(&mut self) -> bool {
+        let now = tokio::time::Instant::now();
+        if now.duration_since(self.window_start) >= LOG_WINDOW {
+            if self.held_back > 0 {
+                tracing::warn!(
+                    held_back = self.held_back,
+                    window = ?LOG_WINDOW,
+                    "more MQTT messages were ignored than logged; see starling_mqtt_messages_ignored_total"
+                );
+            }
+            self.window_start = now;
+            self.logged = 0;
+            self.held_back = 0;
+        }
+        if self.logged < LOGGED_PER_WINDOW {
+            self.logged += 1;
+            true
+        } else {
+            self.held_back += 1;
+            false
+        }
+    }
+}
+
 /// Handles received messages one at a time, in arrival order.
 pub(crate) async fn run_message_handler(
     shared: Arc<Shared>,
     mut messages: mpsc::Receiver<Received>,
 ) {
+    let mut budget = LogBudget::new();
     while let Some(message) = messages.recv().await {
-        match handle_message(&shared, &message.topic, &message.payload).await {
+        let handled =
+            handle_message(&shared, &message.topic, &message.payload, message.retained).await;
+        match handled {
             Ok(handled) => {
                 if handled == Handled::Event(EventOutcome::Duplicate) {
                     Counters::increment(&shared.counters.duplicate_events);
@@ -153,21 +210,97 @@ pub(crate) async fn run_message_handler(
             }
             Err(error) => {
                 Counters::increment(&shared.counters.messages_ignored);
-                tracing::warn!(topic = %message.topic, %error, "message ignored")
+                if let IngestError::Refused(refused) = &error {
+                    let reason = ReportRefused::REASONS
+                        .iter()
+                        .position(|reason| *reason == refused.reason());
+                    if let Some(counter) =
+                        reason.and_then(|i| shared.counters.reports_refused.get(i))
+                    {
+                        Counters::increment(counter);
+                    }
+                }
+                if budget.allow() {
+                    tracing::warn!(topic = %message.topic, %error, "message ignored");
+                }
             }
         }
     }
 }
 
-/// Applies one message. On any error the registry and the store are unchanged.
+/// What the coordinator knows of the nodes that send it reports.
+struct KnownSenders<'a>(&'a Shared);
+
+impl Senders for KnownSenders<'_> {
+    fn revoked(&self, node: &NodeId) -> bool {
+        !crate::access::ingest_allows(self.0, node.as_str())
+    }
+
+    fn sender(&self, node: &NodeId) -> Sender {
+        match self.0.mqtt_access.report_key(node.as_str()) {
+            Some(key) => Sender::Keyed(key),
+            None => Sender::Unkeyed {
+                accept_unsigned: self.0.accept_unsigned_reports,
+            },
+        }
+    }
+
+    fn mark(&self, node: &NodeId, channel: ReportChannel) -> Option<u64> {
+        self.0
+            .report_marks
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .get(node, channel)
+    }
+}
+
+/// Raises the mark of an accepted report before it is applied, so it cannot
+/// be accepted twice whatever applying it does; durable for every channel
+/// but telemetry (see `ReportMarks`).
+async fn raise_mark(
+    shared: &Shared,
+    node: &NodeId,
+    channel: ReportChannel,
+    counter: u64,
+) -> Result<(), IngestError> {
+    let durable = shared
+        .report_marks
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .raise(node, channel, counter);
+    if durable {
+        shared
+            .store
+            .raise_report_mark(
+                node.as_str(),
+                crate::domain::reports::channel_name(channel),
+                counter,
+            )
+            .await?;
+    }
+    Ok(())
+}
+
+/// Applies one message (`retained`: the broker handed it out as retained).
+/// On any error the registry and the store are unchanged.
 pub(crate) async fn handle_message(
     shared: &Shared,
     topic: &str,
     payload: &[u8],
+    retained: bool,
 ) -> Result<Handled, IngestError> {
-    let revoked = |node: &NodeId| !crate::access::ingest_allows(shared, node.as_str());
     let now_ms = unix_now_ms();
-    let change = match parse_inbound(&shared.topics, topic, payload, revoked)? {
+    let accepted = parse_inbound(
+        &shared.topics,
+        topic,
+        payload,
+        retained,
+        &KnownSenders(shared),
+    )?;
+    if let Some((node, channel, counter)) = &accepted.counted {
+        raise_mark(shared, node, *channel, *counter).await?;
+    }
+    let change = match accepted.inbound {
         Inbound::Cleared => return Ok(Handled::Cleared),
         Inbound::Capability(node, capability) => {
             shared

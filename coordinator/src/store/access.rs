@@ -41,6 +41,9 @@ pub struct NodeCredentialRow {
     pub created_ms: u64,
     /// When it was revoked, Unix milliseconds.
     pub revoked_ms: Option<u64>,
+    /// The ed25519 public key its reports are signed with, 64 hex digits;
+    /// `None` for a node enrolled before reports were signed.
+    pub report_key: Option<String>,
 }
 
 /// What an enrollment did.
@@ -55,13 +58,29 @@ pub enum EnrollOutcome {
 }
 
 /// Inserts or replaces a node's credentials, un-revoking them.
-const UPSERT_CREDENTIALS: &str = "INSERT INTO node_credentials (node_id, password_sha256, mosquitto_hash, created_ms, revoked_ms) \
-     VALUES ($1, $2, $3, $4, NULL) \
+const UPSERT_CREDENTIALS: &str = "INSERT INTO node_credentials (node_id, password_sha256, mosquitto_hash, created_ms, revoked_ms, report_key) \
+     VALUES ($1, $2, $3, $4, NULL, $5) \
      ON CONFLICT (node_id) DO UPDATE SET password_sha256 = excluded.password_sha256, \
-     mosquitto_hash = excluded.mosquitto_hash, created_ms = excluded.created_ms, revoked_ms = NULL";
+     mosquitto_hash = excluded.mosquitto_hash, created_ms = excluded.created_ms, revoked_ms = NULL, \
+     report_key = excluded.report_key";
+
+/// A new key starts its counters afresh: the old key's marks go with it.
+const FORGET_REPORT_MARKS: &str = "DELETE FROM report_marks WHERE node_id = $1";
 
 type ApiTokenRow = (String, String, String, i64, Option<i64>);
-type CredentialRow = (String, String, String, i64, Option<i64>);
+type CredentialRow = (String, String, String, i64, Option<i64>, Option<String>);
+
+/// The credentials a node is stored with: the hashes of its MQTT password
+/// and the public key its reports are signed with (64 hex digits).
+#[derive(Debug, Clone, Copy)]
+pub struct NewCredentials<'a> {
+    /// sha256 of the MQTT password, hex.
+    pub password_sha256: &'a str,
+    /// The Mosquitto `$7$` hash line of the password.
+    pub mosquitto_hash: &'a str,
+    /// The node's report key.
+    pub report_key: &'a str,
+}
 
 fn api_token_record(row: ApiTokenRow) -> Result<ApiTokenRecord, StoreError> {
     let (id, name, role, created_ms, revoked_ms) = row;
@@ -161,8 +180,7 @@ impl Store {
         &self,
         join_token_sha256: &str,
         node_id: &str,
-        password_sha256: &str,
-        mosquitto_hash: &str,
+        credentials: NewCredentials<'_>,
         now_ms: u64,
     ) -> Result<EnrollOutcome, StoreError> {
         // The spend comes first: it is the write that takes SQLite's lock.
@@ -189,11 +207,13 @@ impl Store {
             }
             sqlx::query(UPSERT_CREDENTIALS)
                 .bind(node_id)
-                .bind(password_sha256)
-                .bind(mosquitto_hash)
+                .bind(credentials.password_sha256)
+                .bind(credentials.mosquitto_hash)
                 .bind(to_db(now_ms))
+                .bind(credentials.report_key)
                 .execute(&mut *tx)
                 .await?;
+            sqlx::query(FORGET_REPORT_MARKS).bind(node_id).execute(&mut *tx).await?;
             tx.commit().await?;
             Ok::<EnrollOutcome, sqlx::Error>(EnrollOutcome::Enrolled)
         })?;
@@ -205,19 +225,20 @@ impl Store {
     pub async fn set_node_credentials(
         &self,
         node_id: &str,
-        password_sha256: &str,
-        mosquitto_hash: &str,
+        credentials: NewCredentials<'_>,
         now_ms: u64,
     ) -> Result<(), StoreError> {
         with_pool!(self, pool => {
             let mut tx = pool.begin().await?;
             sqlx::query(UPSERT_CREDENTIALS)
                 .bind(node_id)
-                .bind(password_sha256)
-                .bind(mosquitto_hash)
+                .bind(credentials.password_sha256)
+                .bind(credentials.mosquitto_hash)
                 .bind(to_db(now_ms))
+                .bind(credentials.report_key)
                 .execute(&mut *tx)
                 .await?;
+            sqlx::query(FORGET_REPORT_MARKS).bind(node_id).execute(&mut *tx).await?;
             tx.commit().await
         })?;
         Ok(())
@@ -237,23 +258,51 @@ impl Store {
 
     /// Every node's credentials, revoked ones included, by node id.
     pub async fn node_credentials(&self) -> Result<Vec<NodeCredentialRow>, StoreError> {
-        let sql = "SELECT node_id, password_sha256, mosquitto_hash, created_ms, revoked_ms \
+        let sql =
+            "SELECT node_id, password_sha256, mosquitto_hash, created_ms, revoked_ms, report_key \
                    FROM node_credentials ORDER BY node_id";
         let rows: Vec<CredentialRow> =
             with_pool!(self, pool => sqlx::query_as(sql).fetch_all(pool).await)?;
         Ok(rows
             .into_iter()
             .map(
-                |(node_id, password_sha256, mosquitto_hash, created_ms, revoked_ms)| {
+                |(node_id, password_sha256, mosquitto_hash, created_ms, revoked_ms, report_key)| {
                     NodeCredentialRow {
                         node_id,
                         password_sha256,
                         mosquitto_hash,
                         created_ms: from_db(created_ms),
                         revoked_ms: revoked_ms.map(from_db),
+                        report_key,
                     }
                 },
             )
             .collect())
+    }
+
+    /// Every node's highest accepted report counter per report channel:
+    /// `(node id, channel, counter)`.
+    pub async fn report_marks(&self) -> Result<Vec<(String, String, u64)>, StoreError> {
+        let sql = "SELECT node_id, channel, counter FROM report_marks";
+        let rows: Vec<(String, String, i64)> =
+            with_pool!(self, pool => sqlx::query_as(sql).fetch_all(pool).await)?;
+        Ok(rows
+            .into_iter()
+            .map(|(node, channel, counter)| (node, channel, from_db(counter)))
+            .collect())
+    }
+
+    /// Raises a node's report mark on `channel` to `counter` (never lowers it).
+    pub async fn raise_report_mark(
+        &self,
+        node_id: &str,
+        channel: &str,
+        counter: u64,
+    ) -> Result<(), StoreError> {
+        let sql = "INSERT INTO report_marks (node_id, channel, counter) VALUES ($1, $2, $3) \
+                   ON CONFLICT (node_id, channel) DO UPDATE SET counter = excluded.counter \
+                   WHERE excluded.counter > report_marks.counter";
+        with_pool!(self, pool => sqlx::query(sql).bind(node_id).bind(channel).bind(to_db(counter)).execute(pool).await.map(|_| ()))?;
+        Ok(())
     }
 }

@@ -94,7 +94,7 @@ async fn join_token(http: &reqwest::Client, rest: &str, body: Value) -> String {
 
 async fn enroll(http: &reqwest::Client, rest: &str, token: &str, node: &str) -> reqwest::Response {
     http.post(format!("{rest}/api/v1/enroll"))
-        .json(&json!({"join_token": token, "node_id": node}))
+        .json(&json!({"join_token": token, "node_id": node, "report_key": common::report_key_hex(node)}))
         .send()
         .await
         .unwrap()
@@ -752,7 +752,11 @@ async fn the_coordinators_broker_confines_every_node_to_its_own_topics() {
         topics.node(&b_id, starling_proto::Channel::Capability),
         QoS::AtLeastOnce,
         true,
-        starling_proto::encode(&common::capability("edge-b")).unwrap(),
+        common::sealed(
+            "edge-b",
+            starling_proto::ReportChannel::Capability,
+            &common::capability("edge-b"),
+        ),
     )
     .await
     .unwrap();
@@ -833,7 +837,11 @@ async fn the_coordinators_broker_confines_every_node_to_its_own_topics() {
         topics.node(&a_id, starling_proto::Channel::Capability),
         QoS::AtLeastOnce,
         true,
-        starling_proto::encode(&common::capability("edge-a")).unwrap(),
+        common::sealed(
+            "edge-a",
+            starling_proto::ReportChannel::Capability,
+            &common::capability("edge-a"),
+        ),
     )
     .await
     .unwrap();

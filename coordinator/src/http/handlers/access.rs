@@ -70,7 +70,7 @@ pub(crate) async fn refresh_access(shared: &Shared) {
     request_body = EnrollRequest,
     responses(
         (status = 201, description = "Enrolled; keep the password, it is not shown again", body = NodeCredentials),
-        (status = 400, description = "Invalid node id", body = ApiError),
+        (status = 400, description = "Invalid node id or report key", body = ApiError),
         (status = 401, description = "The join token is invalid, expired or used up", body = ApiError),
         (status = 409, description = "The node is enrolled already (revoke it first)", body = ApiError)
     )
@@ -92,14 +92,19 @@ pub(crate) async fn enroll(
             format!("{node} is the coordinator's own MQTT user; pick another node id"),
         ));
     }
+    access::parse_report_key(&request.report_key).map_err(|error| {
+        HttpError::new(
+            ErrorCode::InvalidReportKey,
+            format!("{error}; the agent makes it at enrollment"),
+        )
+    })?;
     let (password, hashes) = access::new_node_password().map_err(HttpError::internal)?;
     let outcome = shared
         .store
         .enroll_node(
             &access::sha256_hex(request.join_token.trim()),
             node.as_str(),
-            &hashes.sha256,
-            &hashes.mosquitto,
+            hashes.for_node(&request.report_key),
             unix_now_ms(),
         )
         .await?;
@@ -116,6 +121,12 @@ pub(crate) async fn enroll(
             ))
         }
     }
+    // A new key counts its reports afresh (the store forgot the old marks).
+    shared
+        .report_marks
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .forget(&node);
     refresh_access(&shared).await;
     tracing::info!(node = %node, "node enrolled");
     Ok((

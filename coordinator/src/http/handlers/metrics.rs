@@ -74,6 +74,17 @@ pub(crate) async fn metrics(State(shared): State<Arc<Shared>>) -> Result<Respons
         "MQTT messages refused: malformed, unknown node or task, mismatched ids.",
         &[(String::new(), counters.messages_ignored.load(Relaxed))],
     );
+    let refused: Vec<(String, u64)> = crate::domain::reports::ReportRefused::REASONS
+        .iter()
+        .zip(&counters.reports_refused)
+        .map(|(reason, count)| (format!("{{reason=\"{reason}\"}}"), count.load(Relaxed)))
+        .collect();
+    metric(
+        "starling_reports_refused_total",
+        "counter",
+        "Node reports refused for not proving their sender: unsigned, signed by another key or as another node, on another channel, or replayed.",
+        &refused,
+    );
     metric(
         "starling_task_events_duplicate_total",
         "counter",

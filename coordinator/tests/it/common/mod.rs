@@ -277,3 +277,51 @@ pub async fn stand_in_agent(mqtt_url: &str, id: &'static str) {
         }
     });
 }
+
+/// A node's report key in these tests, fixed by its id (the agent makes a
+/// random one at enrollment).
+pub fn report_key(id: &str) -> ed25519_dalek::SigningKey {
+    let mut seed = [7u8; 32];
+    for (slot, byte) in seed.iter_mut().zip(id.bytes()) {
+        *slot ^= byte;
+    }
+    ed25519_dalek::SigningKey::from_bytes(&seed)
+}
+
+/// The public half of [`report_key`], as enrollment sends it.
+pub fn report_key_hex(id: &str) -> String {
+    hex::encode(report_key(id).verifying_key().to_bytes())
+}
+
+/// A report counter above every one issued before in this process: Unix
+/// microseconds, as agents count.
+pub fn next_counter() -> u64 {
+    static LAST: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_micros() as u64;
+    let previous = LAST.fetch_max(now, std::sync::atomic::Ordering::SeqCst);
+    if previous >= now {
+        LAST.fetch_add(1, std::sync::atomic::Ordering::SeqCst) + 1
+    } else {
+        now
+    }
+}
+
+/// `message` signed by node `id`'s [`report_key`] as a report of `channel`,
+/// with a fresh counter: what an enrolled agent publishes.
+pub fn sealed<M: starling_proto::Message>(
+    id: &str,
+    channel: starling_proto::ReportChannel,
+    message: &M,
+) -> Vec<u8> {
+    encode(&starling_proto::SignedReport::sign(
+        &report_key(id),
+        NodeId::new(id).unwrap(),
+        channel,
+        next_counter(),
+        encode(message).unwrap(),
+    ))
+    .unwrap()
+}
