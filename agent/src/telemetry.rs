@@ -75,8 +75,15 @@ impl TelemetrySampler {
             Some(system) => {
                 system.refresh_cpu_usage();
                 system.refresh_memory();
+                // The coordinator refuses a NaN load (clamp keeps NaN), and
+                // one refused report would drop the whole telemetry message.
+                let usage = system.global_cpu_usage() / 100.0;
                 (
-                    (system.global_cpu_usage() / 100.0).clamp(0.0, 1.0),
+                    if usage.is_finite() {
+                        usage.clamp(0.0, 1.0)
+                    } else {
+                        0.0
+                    },
                     system.available_memory(),
                 )
             }

@@ -182,3 +182,49 @@ pub struct Capability {
     /// Power levels the node offers, lowest first.
     pub power_levels: Vec<PowerLevel, MAX_POWER_LEVELS>,
 }
+
+/// A number that must be finite and not negative, or why it is not.
+fn non_negative(what: &str, value: f32) -> Option<alloc::string::String> {
+    (!(value.is_finite() && value >= 0.0))
+        .then(|| alloc::format!("{what} {value} is not a finite, non-negative number"))
+}
+
+impl Capability {
+    /// What is wrong with the figures, if anything: a rate, power or speed
+    /// that is NaN, infinite or negative. The placement engine computes
+    /// with these, and one NaN would make every comparison with the node
+    /// false (a broken or hostile agent would attract work).
+    pub fn problems(&self) -> Option<alloc::string::String> {
+        for gpu in &self.gpus {
+            if let Some(gflops) = gpu.gflops {
+                if let Some(problem) = non_negative("gflops of a GPU", gflops) {
+                    return Some(problem);
+                }
+            }
+        }
+        for disk in &self.disks {
+            let problem = non_negative("read_mbps of a disk", disk.read_mbps)
+                .or_else(|| non_negative("write_mbps of a disk", disk.write_mbps));
+            if problem.is_some() {
+                return problem;
+            }
+        }
+        for level in &self.power_levels {
+            // A level that runs nothing (speed 0) would make every estimate
+            // on it infinite.
+            if !(level.speed_factor.is_finite() && level.speed_factor > 0.0) {
+                return Some(alloc::format!(
+                    "speed_factor {} of power level {} is not a finite number above 0",
+                    level.speed_factor,
+                    level.level
+                ));
+            }
+            let problem = non_negative("idle_watts of a power level", level.idle_watts)
+                .or_else(|| non_negative("active_watts of a power level", level.active_watts));
+            if problem.is_some() {
+                return problem;
+            }
+        }
+        None
+    }
+}

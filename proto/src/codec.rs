@@ -118,8 +118,26 @@ macro_rules! message {
     };
 }
 
-message!(Capability, "capability");
-message!(Telemetry, "telemetry");
+impl Message for Capability {
+    const NAME: &'static str = "capability";
+    fn version(&self) -> u16 {
+        self.v
+    }
+    fn check(&self) -> Result<(), String> {
+        self.problems().map_or(Ok(()), Err)
+    }
+}
+
+impl Message for Telemetry {
+    const NAME: &'static str = "telemetry";
+    fn version(&self) -> u16 {
+        self.v
+    }
+    fn check(&self) -> Result<(), String> {
+        self.problems().map_or(Ok(()), Err)
+    }
+}
+
 message!(Status, "status");
 message!(Cancel, "cancel");
 message!(EventAck, "event ack");

@@ -35,10 +35,21 @@ pub enum IdError {
     },
 }
 
-/// Characters allowed in node and task ids: they appear in MQTT topic levels
-/// and URL paths, so `/`, `+`, `#` and whitespace are out.
-fn is_id_char(c: char) -> bool {
+/// Characters allowed in task ids: they appear in MQTT topic levels and URL
+/// paths, so `/`, `+`, `#` and whitespace are out.
+fn is_task_id_char(c: char) -> bool {
     c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.' | ':')
+}
+
+/// Whether `c` may appear in a node id: ASCII letters, digits, `-` and `_`.
+///
+/// Narrower than task ids because a node id is also a file-level name: it is
+/// the Mosquitto user name in the `passwd` file (where `:` ends the name) and
+/// the ACL, a single URL path segment (where `.` and `..` are dot segments a
+/// URL parser removes, even percent-encoded) and a site's name. Tools that
+/// derive a node id from a host name replace every other character.
+pub fn is_node_id_char(c: char) -> bool {
+    c.is_ascii_alphanumeric() || matches!(c, '-' | '_')
 }
 
 fn checked<const N: usize>(
@@ -57,7 +68,7 @@ fn checked<const N: usize>(
 }
 
 macro_rules! bounded_id {
-    ($(#[$doc:meta])* $name:ident, $len:expr, $kind:literal) => {
+    ($(#[$doc:meta])* $name:ident, $len:expr, $kind:literal, $allowed:literal, $ok:expr) => {
         $(#[$doc])*
         #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
         #[serde(transparent)]
@@ -66,7 +77,7 @@ macro_rules! bounded_id {
         impl $name {
             /// Checks and wraps an identifier.
             pub fn new(s: &str) -> Result<Self, IdError> {
-                checked::<$len>($kind, s, "ASCII letters, digits, '-', '_', '.' and ':'", is_id_char).map(Self)
+                checked::<$len>($kind, s, $allowed, $ok).map(Self)
             }
 
             /// The identifier as a string slice.
@@ -101,13 +112,17 @@ bounded_id!(
     /// A node's identity: stable across restarts, unique within a site.
     NodeId,
     NODE_ID_LEN,
-    "node id"
+    "node id",
+    "ASCII letters, digits, '-' and '_'",
+    is_node_id_char
 );
 bounded_id!(
     /// A task's identity, assigned by the coordinator that accepted it.
     TaskId,
     TASK_ID_LEN,
-    "task id"
+    "task id",
+    "ASCII letters, digits, '-', '_', '.' and ':'",
+    is_task_id_char
 );
 
 /// The sha256 of an artifact, written as 64 lowercase hex digits. Artifacts are
@@ -262,7 +277,7 @@ mod tests {
 
     #[test]
     fn node_ids_reject_topic_wildcards_and_length() {
-        assert!(NodeId::new("pi-kitchen.01").is_ok());
+        assert!(NodeId::new("pi-kitchen_01").is_ok());
         assert!(matches!(NodeId::new(""), Err(IdError::Empty { .. })));
         assert!(matches!(
             NodeId::new("a/b"),
@@ -278,6 +293,49 @@ mod tests {
         ));
         let long = "x".repeat(NODE_ID_LEN + 1);
         assert!(matches!(NodeId::new(&long), Err(IdError::TooLong { .. })));
+    }
+
+    #[test]
+    fn node_ids_reject_dots_and_colons() {
+        // `.` and `..` are URL dot segments; `:` ends a Mosquitto passwd
+        // user name; `site:NAME` once named a forwarded attempt's owner.
+        for bad in [
+            ".",
+            "..",
+            ".hidden",
+            "pi.local",
+            "site:plant-b",
+            "a:b",
+            "a b",
+            "é",
+        ] {
+            let error = NodeId::new(bad).expect_err(bad);
+            assert_eq!(
+                error,
+                IdError::BadCharacter {
+                    kind: "node id",
+                    allowed: "ASCII letters, digits, '-' and '_'",
+                },
+                "{bad}"
+            );
+            assert_eq!(
+                error.to_string(),
+                "node id may only contain ASCII letters, digits, '-' and '_'"
+            );
+        }
+        for good in ["a", "-", "_", "Pi-4_kitchen-01", &"x".repeat(NODE_ID_LEN)] {
+            assert!(NodeId::new(good).is_ok(), "{good}");
+        }
+        // Decoding goes through the same check.
+        assert!(node_id_from_cbor_text("..").is_err());
+        // Task ids keep their wider alphabet (the coordinator makes them).
+        assert!(TaskId::new("t.1:a").is_ok());
+    }
+
+    /// Deserializes a node id from a CBOR text string.
+    fn node_id_from_cbor_text(text: &str) -> Result<NodeId, serde_cbor::Error> {
+        let bytes = serde_cbor::to_vec(&text).unwrap();
+        serde_cbor::from_slice(&bytes)
     }
 
     #[test]

@@ -67,3 +67,27 @@ pub struct Telemetry {
     #[serde(default)]
     pub attempts_complete: bool,
 }
+
+impl Telemetry {
+    /// What is wrong with the figures, if anything: a load, link measure or
+    /// energy that is NaN, infinite or negative (the coordinator computes
+    /// free capacity and energy use with them).
+    pub fn problems(&self) -> Option<alloc::string::String> {
+        let bad = |value: f64| !(value.is_finite() && value >= 0.0);
+        let figures = [
+            ("cpu_load", Some(f64::from(self.cpu_load))),
+            ("link.rtt_ms", self.link.rtt_ms.map(f64::from)),
+            (
+                "link.bandwidth_mbps",
+                self.link.bandwidth_mbps.map(f64::from),
+            ),
+            ("link.loss", self.link.loss.map(f64::from)),
+            ("energy_joules", Some(self.energy_joules)),
+        ];
+        figures.into_iter().find_map(|(name, value)| {
+            value
+                .filter(|value| bad(*value))
+                .map(|value| alloc::format!("{name} {value} is not a finite, non-negative number"))
+        })
+    }
+}

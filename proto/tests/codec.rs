@@ -12,7 +12,7 @@ fn hs<const N: usize>(s: &str) -> heapless::String<N> {
 }
 
 fn node_id() -> impl Strategy<Value = NodeId> {
-    "[a-zA-Z0-9_.:-]{1,64}".prop_map(|s| NodeId::new(&s).unwrap())
+    "[a-zA-Z0-9_-]{1,64}".prop_map(|s| NodeId::new(&s).unwrap())
 }
 
 fn task_id() -> impl Strategy<Value = TaskId> {
@@ -27,8 +27,15 @@ fn label() -> impl Strategy<Value = Label> {
     ("[a-z0-9_./-]{1,32}", "[a-zA-Z0-9 _.:-]{0,64}").prop_map(|(k, v)| Label::new(&k, &v).unwrap())
 }
 
-fn finite() -> impl Strategy<Value = f32> {
-    -1.0e6f32..1.0e6f32
+/// A finite, non-negative figure (rates, watts, loads): decoders refuse
+/// NaN, infinities and negatives.
+fn non_negative() -> impl Strategy<Value = f32> {
+    0.0f32..1.0e6f32
+}
+
+/// A power level's speed factor: finite and above 0.
+fn speed_factor() -> impl Strategy<Value = f32> {
+    0.01f32..=1.0f32
 }
 
 fn capability() -> impl Strategy<Value = Capability> {
@@ -37,7 +44,7 @@ fn capability() -> impl Strategy<Value = Capability> {
         prop::collection::vec(label(), 0..8),
         prop::collection::vec((any::<u32>(), any::<u64>(), "[ -~]{0,40}"), 0..4),
         (1u16..512, any::<u64>(), any::<u32>(), any::<u32>()),
-        prop::collection::vec((finite(), finite(), finite()), 0..4),
+        prop::collection::vec((speed_factor(), non_negative(), non_negative()), 0..4),
     )
         .prop_map(
             |(node_id, labels, gpus, (cores, memory, min, max), levels)| {
@@ -187,7 +194,7 @@ fn telemetry() -> impl Strategy<Value = Telemetry> {
         any::<u64>(),
         0.0f32..1.0,
         any::<u64>(),
-        proptest::option::of(finite()),
+        proptest::option::of(non_negative()),
     )
         .prop_map(|(node_id, seq, load, free, rtt)| Telemetry {
             v: PROTOCOL_VERSION,
@@ -564,4 +571,112 @@ fn event_acks_round_trip_on_their_own_channel() {
         topics.parse("starling/v1/nodes/pi-1/ack"),
         Some((node, Channel::Ack))
     );
+}
+
+/// The figures a decoder must refuse: NaN, both infinities and a negative.
+const BAD_FIGURES: [f32; 4] = [f32::NAN, f32::INFINITY, f32::NEG_INFINITY, -1.0];
+
+/// Encodes without the codec's checks, as a broken or hostile peer would.
+fn unchecked_bytes<T: serde::Serialize>(message: &T) -> Vec<u8> {
+    serde_cbor::to_vec(message).unwrap()
+}
+
+fn assert_refused<M: Message + std::fmt::Debug>(message: &M, what: &str) {
+    assert!(encode(message).is_err(), "encode accepted {what}");
+    match decode::<M>(&unchecked_bytes(message)) {
+        Err(DecodeError::Invalid { message, detail }) => {
+            assert_eq!(message, M::NAME);
+            assert!(detail.contains("finite"), "{what}: {detail}");
+        }
+        other => panic!("decode of {what} gave {other:?}"),
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(32))]
+
+    /// Every float of a capability that placement computes with refuses NaN,
+    /// infinities and negatives; a speed factor also refuses 0.
+    #[test]
+    fn capabilities_with_non_finite_figures_are_refused(cap in capability()) {
+        for bad in BAD_FIGURES {
+            let mut gpu = cap.clone();
+            if let Some(device) = gpu.gpus.first_mut() {
+                device.gflops = Some(bad);
+                assert_refused(&gpu, &format!("gflops {bad}"));
+            }
+            let mut disk = cap.clone();
+            if let Some(entry) = disk.disks.first_mut() {
+                entry.read_mbps = bad;
+                assert_refused(&disk, &format!("read_mbps {bad}"));
+            }
+            if !cap.power_levels.is_empty() {
+                for field in 0..3 {
+                    let mut level = cap.clone();
+                    let first = &mut level.power_levels[0];
+                    match field {
+                        0 => first.speed_factor = bad,
+                        1 => first.idle_watts = bad,
+                        _ => first.active_watts = bad,
+                    }
+                    assert_refused(&level, &format!("power level field {field} = {bad}"));
+                }
+                let mut stopped = cap.clone();
+                stopped.power_levels[0].speed_factor = 0.0;
+                assert_refused(&stopped, "speed_factor 0");
+            }
+        }
+    }
+
+    #[test]
+    fn telemetry_with_non_finite_figures_is_refused(report in telemetry()) {
+        for bad in BAD_FIGURES {
+            for field in 0..4 {
+                let mut broken = report.clone();
+                match field {
+                    0 => broken.cpu_load = bad,
+                    1 => broken.link.rtt_ms = Some(bad),
+                    2 => broken.link.bandwidth_mbps = Some(bad),
+                    _ => broken.link.loss = Some(bad),
+                }
+                assert_refused(&broken, &format!("telemetry field {field} = {bad}"));
+            }
+            let mut energy = report.clone();
+            energy.energy_joules = f64::from(bad);
+            assert_refused(&energy, &format!("energy_joules {bad}"));
+        }
+    }
+
+    /// A node id in any message decodes only when it is made of ASCII
+    /// letters, digits, `-` and `_`; everything else is a typed error.
+    #[test]
+    fn node_ids_outside_the_alphabet_are_refused(text in "[ -~]{1,64}") {
+        let status = Status {
+            v: PROTOCOL_VERSION,
+            node_id: NodeId::new("placeholder").unwrap(),
+            state: NodeState::Online,
+        };
+        let mut value: ciborium::Value =
+            ciborium::de::from_reader(unchecked_bytes(&status).as_slice()).unwrap();
+        if let ciborium::Value::Map(fields) = &mut value {
+            for (key, field) in fields.iter_mut() {
+                if key.as_text() == Some("node_id") {
+                    *field = ciborium::Value::Text(text.clone());
+                }
+            }
+        }
+        let mut bytes = Vec::new();
+        ciborium::ser::into_writer(&value, &mut bytes).unwrap();
+        let valid = text.chars().all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_');
+        match decode::<Status>(&bytes) {
+            Ok(decoded) => {
+                prop_assert!(valid, "{:?} was accepted", text);
+                prop_assert_eq!(decoded.node_id.as_str(), text.as_str());
+            }
+            Err(error) => {
+                prop_assert!(!valid, "{:?} was refused: {}", text, error);
+                prop_assert!(matches!(error, DecodeError::Invalid { .. }), "{}", error);
+            }
+        }
+    }
 }

@@ -316,7 +316,16 @@ pub(crate) const ALTERNATIVES_SHOWN: usize = 3;
 
 impl TopCandidates {
     /// Offers a candidate; ties keep the earlier one (lower node index first).
+    /// A candidate whose score, finish or energy is not a finite number is
+    /// dropped: NaN compares false with everything, so once kept it would
+    /// never be displaced (and a node reporting nonsense would attract work).
     pub fn offer(&mut self, candidate: Candidate) {
+        if !(candidate.score.is_finite()
+            && candidate.finish_ms.is_finite()
+            && candidate.energy_joules.is_finite())
+        {
+            return;
+        }
         if self.best.len() == ALTERNATIVES_SHOWN
             && self
                 .best
@@ -473,6 +482,82 @@ mod tests {
             "{:?}",
             decisions[1].explanation
         );
+    }
+
+    fn scored(node: usize, score: f64) -> Candidate {
+        Candidate {
+            node,
+            power_level: 0,
+            finish_ms: 1_000.0,
+            energy_joules: 1.0,
+            score,
+            feasible: true,
+        }
+    }
+
+    #[test]
+    fn top_candidates_never_keep_a_non_finite_score() {
+        for bad in [f64::NAN, f64::INFINITY, f64::NEG_INFINITY] {
+            let mut top = TopCandidates::default();
+            top.offer(scored(0, bad));
+            top.offer(scored(1, -5.0));
+            top.offer(scored(2, -1.0));
+            let kept: Vec<usize> = top.iter().map(|candidate| candidate.node).collect();
+            assert_eq!(kept, vec![2, 1], "score {bad}");
+            let mut late = TopCandidates::default();
+            late.offer(scored(1, -5.0));
+            late.offer(scored(0, bad));
+            assert_eq!(late.first().map(|candidate| candidate.node), Some(1));
+        }
+        let mut top = TopCandidates::default();
+        top.offer(Candidate {
+            finish_ms: f64::NAN,
+            ..scored(0, -1.0)
+        });
+        assert!(top.first().is_none(), "a NaN finish is not a candidate");
+    }
+
+    /// A node whose figures make its score NaN (listed first, where a NaN
+    /// kept among the top candidates would win) is never chosen.
+    #[test]
+    fn no_policy_places_on_a_node_whose_score_is_nan() {
+        // Otherwise the better node: 16 times the cores, 4 times the speed.
+        for field in 0..2 {
+            let mut broken = node("broken", 64.0, 4.0);
+            // The estimates absorb most NaN inputs (`max` with a floor); these
+            // two reach the score: a NaN loss makes the transfer time NaN, a
+            // NaN backlog the crowding charge.
+            match field {
+                0 => broken.network.loss = f64::NAN,
+                _ => broken.load.backlog_cpu_s = f64::NAN,
+            }
+            let view = ClusterView {
+                now_ms: 10_000,
+                nodes: vec![broken, node("sound", 4.0, 1.0)],
+            };
+            let mut due = task(1, TaskClass::Cpu);
+            due.deadline_ms = Some(view.now_ms + 30_000);
+            let queue = [task(2, TaskClass::Cpu), due];
+            for name in ["heuristic", "heuristic-exhaustive"] {
+                let decisions = policy_by_name(name, 0).unwrap().decide(&view, &queue);
+                for decision in decisions {
+                    assert!(
+                        matches!(decision.outcome, Outcome::Place { node: 1, .. }),
+                        "{name}, field {field}: {:?}",
+                        decision.explanation
+                    );
+                    assert!(
+                        decision
+                            .explanation
+                            .alternatives
+                            .iter()
+                            .all(|alternative| alternative.node_id == "sound"),
+                        "{name}, field {field}: {:?}",
+                        decision.explanation
+                    );
+                }
+            }
+        }
     }
 
     #[test]

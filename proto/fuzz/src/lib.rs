@@ -1,6 +1,8 @@
 //! What every fuzz target checks: a decoder may refuse input, never panic;
-//! whatever it accepts must encode again, and that encoding must be stable
-//! (bytes are compared, not messages, since NaN ≠ NaN).
+//! whatever it accepts must encode again, and that encoding must be stable.
+//! Bytes are compared, not messages: `Message` does not require `PartialEq`.
+//! Every message's check refuses NaN and infinities, so an accepted message
+//! always encodes again (`encode` runs the same check).
 
 use starling_proto::{decode, encode, Message};
 
