@@ -36,6 +36,14 @@ pub enum ClientError {
         /// The coordinator's message.
         message: String,
     },
+    /// An id cannot name a resource in a URL path.
+    #[error("{kind} {id:?} cannot be named in a URL: it is empty, \".\" or \"..\"")]
+    InvalidId {
+        /// Which id (`node id`, `task id`, ...).
+        kind: &'static str,
+        /// The id as given.
+        id: String,
+    },
     /// The answer was not what this client expects.
     #[error("unexpected answer from the coordinator at {url}: {detail}")]
     Protocol {
@@ -110,6 +118,17 @@ impl Client {
 
     fn url(&self, path: &str) -> String {
         format!("{}/api/v1{path}", self.base)
+    }
+
+    /// The URL of `{prefix}/{id}{suffix}` with `id` as one path segment.
+    fn id_url(
+        &self,
+        prefix: &str,
+        kind: &'static str,
+        id: &str,
+        suffix: &str,
+    ) -> Result<String, ClientError> {
+        Ok(self.url(&format!("{prefix}/{}{suffix}", path_segment(kind, id)?)))
     }
 
     async fn send<T: DeserializeOwned>(
@@ -187,7 +206,7 @@ impl Client {
 
     /// `GET /nodes/{id}`.
     pub async fn node(&self, id: &str) -> Result<NodeDetail, ClientError> {
-        let url = self.url(&format!("/nodes/{id}"));
+        let url = self.id_url("/nodes", "node id", id, "")?;
         self.send(self.http.get(&url), &url).await
     }
 
@@ -225,13 +244,13 @@ impl Client {
 
     /// `GET /tasks/{id}`.
     pub async fn task(&self, id: &str) -> Result<TaskDetail, ClientError> {
-        let url = self.url(&format!("/tasks/{id}"));
+        let url = self.id_url("/tasks", "task id", id, "")?;
         self.send(self.http.get(&url), &url).await
     }
 
     /// `POST /tasks/{id}/cancel`.
     pub async fn cancel(&self, id: &str) -> Result<TaskDetail, ClientError> {
-        let url = self.url(&format!("/tasks/{id}/cancel"));
+        let url = self.id_url("/tasks", "task id", id, "/cancel")?;
         self.send(self.http.post(&url), &url).await
     }
 
@@ -262,13 +281,13 @@ impl Client {
         digest: &str,
         signature: &ArtifactSignature,
     ) -> Result<ArtifactSignature, ClientError> {
-        let url = self.url(&format!("/artifacts/{digest}/signature"));
+        let url = self.id_url("/artifacts", "artifact digest", digest, "/signature")?;
         self.send(self.http.post(&url).json(signature), &url).await
     }
 
     /// `POST /nodes/{id}/revoke`.
     pub async fn revoke_node(&self, id: &str) -> Result<NodeRevoked, ClientError> {
-        let url = self.url(&format!("/nodes/{id}/revoke"));
+        let url = self.id_url("/nodes", "node id", id, "/revoke")?;
         self.send(self.http.post(&url), &url).await
     }
 
@@ -289,9 +308,32 @@ impl Client {
 
     /// `POST /api-tokens/{id}/revoke`.
     pub async fn revoke_api_token(&self, id: &str) -> Result<ApiTokenList, ClientError> {
-        let url = self.url(&format!("/api-tokens/{id}/revoke"));
+        let url = self.id_url("/api-tokens", "API token id", id, "/revoke")?;
         self.send(self.http.post(&url), &url).await
     }
+}
+
+/// `id` as one URL path segment: every byte but ASCII letters, digits, `-`,
+/// `_`, `.` and `~` (RFC 3986's unreserved set) percent-encoded, so an id
+/// holding `/`, `?`, `#` or `%` still names one resource. Empty, `.` and
+/// `..` are refused: URL parsers remove dot segments, percent-encoded ones
+/// too (`%2E%2E`), so the request would reach another resource.
+fn path_segment(kind: &'static str, id: &str) -> Result<String, ClientError> {
+    if matches!(id, "" | "." | "..") {
+        return Err(ClientError::InvalidId {
+            kind,
+            id: id.to_string(),
+        });
+    }
+    let mut segment = String::with_capacity(id.len());
+    for byte in id.bytes() {
+        if byte.is_ascii_alphanumeric() || matches!(byte, b'-' | b'_' | b'.' | b'~') {
+            segment.push(char::from(byte));
+        } else {
+            segment.push_str(&format!("%{byte:02X}"));
+        }
+    }
+    Ok(segment)
 }
 
 /// The `error` field of an error body exactly as sent, so a code newer than
@@ -320,6 +362,46 @@ impl ClientError {
         match self {
             ClientError::Api { status, .. } => StatusCode::from_u16(*status).ok(),
             _ => None,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ids_stay_one_path_segment() {
+        let client = Client::new("http://127.0.0.1:1/", None);
+        for (id, encoded) in [
+            ("pi-1_a", "pi-1_a"),
+            ("a/b", "a%2Fb"),
+            ("a?b#c", "a%3Fb%23c"),
+            ("100%", "100%25"),
+            ("site:plant-b", "site%3Aplant-b"),
+            ("v1.2", "v1.2"),
+            ("é", "%C3%A9"),
+        ] {
+            let url = client.id_url("/nodes", "node id", id, "/revoke").unwrap();
+            assert_eq!(
+                url,
+                format!("http://127.0.0.1:1/api/v1/nodes/{encoded}/revoke")
+            );
+            let parsed = reqwest::Url::parse(&url).unwrap();
+            let segments: Vec<&str> = parsed.path_segments().unwrap().collect();
+            assert_eq!(segments, ["api", "v1", "nodes", encoded, "revoke"], "{id}");
+        }
+    }
+
+    #[test]
+    fn dot_segments_and_empty_ids_are_refused() {
+        let client = Client::new("http://127.0.0.1:1", None);
+        for id in ["", ".", ".."] {
+            let error = client.id_url("/tasks", "task id", id, "").unwrap_err();
+            assert!(
+                matches!(&error, ClientError::InvalidId { kind: "task id", id: given } if given == id),
+                "{error}"
+            );
         }
     }
 }

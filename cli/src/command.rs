@@ -319,6 +319,8 @@ impl CliError {
                 ErrorCode::Unknown if *status >= 500 => EXIT_TASK_FAILED,
                 _ => EXIT_USAGE,
             },
+            // An id no URL can carry (`.`, `..`, empty) is the caller's to fix.
+            CliError::Client(ClientError::InvalidId { .. }) => EXIT_USAGE,
             CliError::Client(_) => EXIT_TASK_FAILED,
             #[cfg(feature = "up")]
             CliError::Up(_) => EXIT_TASK_FAILED,
