@@ -169,17 +169,28 @@ impl Default for TaskDemand {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(default)]
 pub struct TaskLimits {
-    /// Wall-clock limit in milliseconds.
+    /// Wall-clock limit in milliseconds; at most 86400000 (24 h).
     pub wall_ms: u64,
-    /// Memory limit in bytes: linear memory for wasm, device buffers for OpenCL.
+    /// Memory limit in bytes: linear memory for wasm, device buffers for
+    /// OpenCL; at most 274877906944 (256 GiB). A node refuses a limit over
+    /// its own cap, and the task is placed elsewhere.
     pub memory_bytes: u64,
-    /// Output limit in bytes.
+    /// Output limit in bytes; at most 67108864 (64 MiB). Output travels
+    /// inline, so no more than 524288 bytes come back whatever this says.
     pub output_bytes: u64,
     /// What a wasm task may use beyond stdin, stdout, args and its memory.
     /// Kept with the limits (the same JSON column) because both bound what an
     /// attempt may do; the node's policy may still refuse a grant.
     pub grants: TaskGrants,
 }
+
+// The maxima written in the field docs above are the coordinator's.
+const _: () = assert!(
+    starling_proto::limits::MAX_TASK_WALL_MS == 86_400_000
+        && starling_proto::limits::MAX_TASK_MEMORY_BYTES == 274_877_906_944
+        && starling_proto::limits::MAX_TASK_OUTPUT_BYTES == 67_108_864
+        && starling_proto::limits::MAX_INLINE_OUTPUT_BYTES == 524_288
+);
 
 impl Default for TaskLimits {
     fn default() -> Self {

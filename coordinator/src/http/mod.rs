@@ -108,41 +108,55 @@ pub(crate) fn json_body<T>(
     })
 }
 
+/// How long a client has to send a request's headers once the server
+/// starts reading them. A connection that sends part of its headers and
+/// stalls is closed when it runs out, so slow clients cannot hold sockets
+/// and memory open indefinitely (issue 15, item 10). Ten seconds is ample
+/// for a header block on any link the API serves.
+pub const HEADER_READ_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// How long requests in flight may finish after `shutdown` resolves.
+const SHUTDOWN_GRACE: std::time::Duration = std::time::Duration::from_secs(5);
+
 /// Serves the API (over HTTPS with `tls`) until `shutdown` resolves, then
-/// lets requests in flight finish.
+/// lets requests in flight finish for up to [`SHUTDOWN_GRACE`]. Both
+/// schemes go through axum-server, because `axum::serve` does not expose
+/// hyper's builder and so cannot set [`HEADER_READ_TIMEOUT`].
 pub(crate) async fn serve(
     listener: tokio::net::TcpListener,
     router: Router,
     tls: Option<Arc<rustls::ServerConfig>>,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    match tls {
-        None => {
-            axum::serve(listener, router)
-                .with_graceful_shutdown(shutdown)
-                .await
-        }
-        Some(tls) => serve_https(listener, router, tls, shutdown).await,
-    }
-}
-
-/// Serves the API over HTTPS until `shutdown` resolves, then lets requests
-/// in flight finish for up to five seconds.
-async fn serve_https(
-    listener: tokio::net::TcpListener,
-    router: axum::Router,
-    tls: Arc<rustls::ServerConfig>,
-    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
-) -> std::io::Result<()> {
     let handle = axum_server::Handle::new();
     let stopper = handle.clone();
     tokio::spawn(async move {
         shutdown.await;
-        stopper.graceful_shutdown(Some(std::time::Duration::from_secs(5)));
+        stopper.graceful_shutdown(Some(SHUTDOWN_GRACE));
     });
-    let config = axum_server::tls_rustls::RustlsConfig::from_config(tls);
-    axum_server::from_tcp_rustls(listener.into_std()?, config)?
-        .handle(handle)
-        .serve(router.into_make_service())
-        .await
+    let listener = listener.into_std()?;
+    let service = router.into_make_service();
+    match tls {
+        None => {
+            let mut server = axum_server::from_tcp(listener)?;
+            // axum-server installs the timer this needs and turns hyper's
+            // own default off; set ours.
+            server
+                .http_builder()
+                .http1()
+                .header_read_timeout(HEADER_READ_TIMEOUT);
+            server.handle(handle).serve(service).await
+        }
+        Some(tls) => {
+            let config = axum_server::tls_rustls::RustlsConfig::from_config(tls);
+            let mut server = axum_server::from_tcp_rustls(listener, config)?;
+            // axum-server installs the timer this needs and turns hyper's
+            // own default off; set ours.
+            server
+                .http_builder()
+                .http1()
+                .header_read_timeout(HEADER_READ_TIMEOUT);
+            server.handle(handle).serve(service).await
+        }
+    }
 }

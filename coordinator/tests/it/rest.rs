@@ -3,6 +3,7 @@
 
 use crate::common;
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use reqwest::StatusCode;
@@ -251,6 +252,188 @@ async fn refusals_are_json_errors_with_the_right_status() {
     .await;
 
     running.shutdown().await;
+}
+
+/// Issue 15, item 7: limits of `u64::MAX` were accepted and sent to nodes.
+/// Each limit over the coordinator's maximum is a 400 `invalid_limits` that
+/// stores nothing; limits at the maxima are taken.
+#[tokio::test]
+async fn limits_over_the_maxima_are_refused_and_store_nothing() {
+    use starling_proto::limits::{MAX_TASK_MEMORY_BYTES, MAX_TASK_OUTPUT_BYTES, MAX_TASK_WALL_MS};
+    let dir = tempfile::tempdir().unwrap();
+    let running = common::start_coordinator(dir.path(), |_| {}).await;
+    let base = format!("{}/api/v1", running.rest_url());
+    let http = reqwest::Client::new();
+    let uploaded: Value = http
+        .post(format!("{base}/artifacts"))
+        .body(common::minimal_wasm())
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let digest = uploaded["digest"].as_str().unwrap().to_string();
+
+    let unbounded = [
+        json!({"wall_ms": u64::MAX}),
+        json!({"memory_bytes": u64::MAX}),
+        json!({"output_bytes": u64::MAX}),
+        json!({"wall_ms": u64::MAX, "memory_bytes": u64::MAX, "output_bytes": u64::MAX}),
+        json!({"wall_ms": MAX_TASK_WALL_MS + 1}),
+        json!({"memory_bytes": MAX_TASK_MEMORY_BYTES + 1}),
+        json!({"output_bytes": MAX_TASK_OUTPUT_BYTES + 1}),
+    ];
+    for limits in unbounded {
+        let response = http
+            .post(format!("{base}/tasks"))
+            .json(&json!({"artifact": digest, "limits": limits}))
+            .send()
+            .await
+            .unwrap();
+        let body = error_of(response, StatusCode::BAD_REQUEST).await;
+        assert_eq!(body["error"], "invalid_limits", "{limits}: {body}");
+        assert!(
+            body["message"].as_str().unwrap().contains("over the most"),
+            "{body}"
+        );
+    }
+    let listed: Value = http
+        .get(format!("{base}/tasks"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(
+        listed["tasks"],
+        json!([]),
+        "a refused submission stored a task"
+    );
+
+    let at_maxima = json!({
+        "wall_ms": MAX_TASK_WALL_MS,
+        "memory_bytes": MAX_TASK_MEMORY_BYTES,
+        "output_bytes": MAX_TASK_OUTPUT_BYTES,
+    });
+    let created = http
+        .post(format!("{base}/tasks"))
+        .json(&json!({"artifact": digest, "limits": at_maxima}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(created.status(), StatusCode::CREATED);
+    running.shutdown().await;
+}
+
+/// Sends a request line and one header but never the blank line that ends
+/// the headers, then reads until the server closes the connection. Returns
+/// how long that took, or `None` if the server kept it open for twice the
+/// header-read timeout.
+fn stall_in_headers(mut stream: impl std::io::Read + std::io::Write) -> Option<Duration> {
+    let started = std::time::Instant::now();
+    stream.write_all(b"GET / HTTP/1.1\r\nHost: x\r\n").unwrap();
+    stream.flush().unwrap();
+    let mut buffer = [0u8; 1024];
+    loop {
+        match stream.read(&mut buffer) {
+            // The server may answer 408 before closing: read on to the end.
+            Ok(0) => return Some(started.elapsed()),
+            Ok(_) => {}
+            Err(error)
+                if matches!(
+                    error.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ) =>
+            {
+                return None
+            }
+            // A reset or a TLS stream cut without close_notify: closed.
+            Err(_) => return Some(started.elapsed()),
+        }
+    }
+}
+
+fn assert_closed_in_time(closed_after: Option<Duration>, scheme: &str) {
+    use starling_coordinator::http::HEADER_READ_TIMEOUT;
+    let closed_after = closed_after.unwrap_or_else(|| {
+        panic!(
+            "{scheme}: a connection stalled in its headers was still open after {:?}",
+            HEADER_READ_TIMEOUT * 2
+        )
+    });
+    assert!(
+        closed_after >= HEADER_READ_TIMEOUT - Duration::from_secs(1)
+            && closed_after <= HEADER_READ_TIMEOUT + Duration::from_secs(5),
+        "{scheme}: closed after {closed_after:?}, expected about {HEADER_READ_TIMEOUT:?}"
+    );
+}
+
+/// Issue 15, item 10: a client that sends part of its headers and stalls is
+/// disconnected after `HEADER_READ_TIMEOUT`, over HTTP and over HTTPS
+/// (about ten seconds each, run side by side).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_stalled_in_its_headers_is_closed() {
+    use starling_coordinator::http::HEADER_READ_TIMEOUT;
+    let dir = tempfile::tempdir().unwrap();
+    let pki = starling_tests::Pki::create(dir.path());
+    let plain = common::start_coordinator(&dir.path().join("plain"), |_| {}).await;
+    let tls = common::start_coordinator(&dir.path().join("tls"), |config| {
+        config.rest_tls = Some(starling_coordinator::server_tls::ServerTls {
+            cert: pki.server_cert.clone(),
+            key: pki.server_key.clone(),
+        });
+    })
+    .await;
+    let address = |url: &str| url.rsplit_once("://").unwrap().1.to_string();
+    let plain_address = address(&plain.rest_url());
+    let tls_address = address(&tls.rest_url());
+
+    let over_http = tokio::task::spawn_blocking(move || {
+        let stream = std::net::TcpStream::connect(&plain_address).unwrap();
+        stream
+            .set_read_timeout(Some(HEADER_READ_TIMEOUT * 2))
+            .unwrap();
+        stall_in_headers(stream)
+    });
+    let ca = pki.ca.clone();
+    let over_https = tokio::task::spawn_blocking(move || {
+        use rustls::pki_types::pem::PemObject as _;
+        let mut roots = rustls::RootCertStore::empty();
+        roots
+            .add(rustls::pki_types::CertificateDer::from_pem_file(&ca).unwrap())
+            .unwrap();
+        let config = rustls::ClientConfig::builder_with_provider(Arc::new(
+            rustls::crypto::ring::default_provider(),
+        ))
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+        let name = rustls::pki_types::ServerName::try_from("localhost").unwrap();
+        let connection = rustls::ClientConnection::new(Arc::new(config), name).unwrap();
+        let stream = std::net::TcpStream::connect(&tls_address).unwrap();
+        stream
+            .set_read_timeout(Some(HEADER_READ_TIMEOUT * 2))
+            .unwrap();
+        let mut tls_stream = rustls::StreamOwned::new(connection, stream);
+        // Finish the handshake first, so what is timed is the header read.
+        while tls_stream.conn.is_handshaking() {
+            tls_stream.conn.complete_io(&mut tls_stream.sock).unwrap();
+        }
+        stall_in_headers(tls_stream)
+    });
+    assert_closed_in_time(over_http.await.unwrap(), "http");
+    assert_closed_in_time(over_https.await.unwrap(), "https");
+
+    // A whole request still gets its answer.
+    let health = reqwest::get(format!("{}/api/v1/health", plain.rest_url()))
+        .await
+        .unwrap();
+    assert_eq!(health.status(), StatusCode::OK);
+    plain.shutdown().await;
+    tls.shutdown().await;
 }
 
 #[tokio::test]

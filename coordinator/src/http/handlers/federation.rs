@@ -114,6 +114,8 @@ pub(crate) async fn accept_forward(
     if !(request.work_seconds.is_finite() && request.work_seconds >= 0.0) {
         return Err(bad("work_seconds must be a non-negative number".into()));
     }
+    // A peer is trusted to forward, not to lift this site's maxima.
+    crate::http::handlers::tasks::check_limits(&request.limits)?;
     if shared.store.artifact_info(&artifact).await?.is_none() {
         fetch_artifact(&shared, federation, &request.origin_site, &artifact).await?;
     }

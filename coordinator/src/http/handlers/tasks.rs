@@ -12,7 +12,10 @@ use starling_api::{
     TaskStatus, TaskSummary,
 };
 use starling_opencl::Package;
-use starling_proto::limits::{ARG_LEN, MAX_ARGS, MAX_INLINE_INPUT_BYTES, MAX_INLINE_OUTPUT_BYTES};
+use starling_proto::limits::{
+    ARG_LEN, MAX_ARGS, MAX_INLINE_INPUT_BYTES, MAX_INLINE_OUTPUT_BYTES, MAX_TASK_MEMORY_BYTES,
+    MAX_TASK_OUTPUT_BYTES, MAX_TASK_WALL_MS,
+};
 use starling_proto::Runtime;
 
 use super::artifacts::parse_digest;
@@ -84,13 +87,49 @@ pub(crate) fn check_submission(submission: &SubmitTask) -> Result<(Vec<u8>, f64)
             "demand.cpu_cores must be positive and demand.io_mbps non-negative",
         ));
     }
-    if submission.limits.wall_ms == 0 || submission.limits.memory_bytes == 0 {
+    check_limits(&submission.limits)?;
+    Ok((input, work_seconds))
+}
+
+/// Refuses limits that are zero or over the coordinator's maxima
+/// (`starling_proto::limits::MAX_TASK_*`), so an unbounded limit is never
+/// stored nor sent to a node. Forwarded tasks go through it too.
+pub(crate) fn check_limits(limits: &TaskLimits) -> Result<(), HttpError> {
+    if limits.wall_ms == 0 || limits.memory_bytes == 0 {
         return Err(HttpError::new(
             ErrorCode::InvalidLimits,
             "limits.wall_ms and limits.memory_bytes must be positive",
         ));
     }
-    Ok((input, work_seconds))
+    let over = [
+        (
+            "limits.wall_ms",
+            limits.wall_ms,
+            MAX_TASK_WALL_MS,
+            "--timeout",
+        ),
+        (
+            "limits.memory_bytes",
+            limits.memory_bytes,
+            MAX_TASK_MEMORY_BYTES,
+            "--memory",
+        ),
+        (
+            "limits.output_bytes",
+            limits.output_bytes,
+            MAX_TASK_OUTPUT_BYTES,
+            "--max-output",
+        ),
+    ]
+    .into_iter()
+    .find(|(_, value, maximum, _)| value > maximum);
+    match over {
+        Some((field, value, maximum, flag)) => Err(HttpError::new(
+            ErrorCode::InvalidLimits,
+            format!("{field} is {value}, over the most this coordinator accepts ({maximum}); lower it (starling run {flag})"),
+        )),
+        None => Ok(()),
+    }
 }
 
 /// What the coordinator keeps from binding a kernel to a submission.
