@@ -324,7 +324,8 @@ pub async fn run(
         config.max_tasks,
         top_level,
         event_sender,
-    ));
+    )
+    .with_task_caps(config.task_caps.resolve())));
     let counters = runner.counters();
     let mut io = Io {
         session,

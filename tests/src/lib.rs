@@ -69,6 +69,16 @@ pub fn binary(name: &str) -> PathBuf {
     path
 }
 
+/// The message inside a report an agent published: agents seal every report
+/// in a `SignedReport`, and a test that reads their traffic off the broker
+/// opens the envelope (panicking when the report is not signed).
+pub fn report_message(bytes: &[u8]) -> Vec<u8> {
+    let report: starling_proto::SignedReport =
+        starling_proto::decode(bytes).expect("agents publish signed reports");
+    assert_eq!(report.signature.len(), 64);
+    report.message
+}
+
 /// A free TCP port on the loopback interface. Another process may take it
 /// between this call and its use; the window is small and tests retry nothing
 /// else, so a clash shows up as a clear bind error.

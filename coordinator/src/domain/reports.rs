@@ -317,7 +317,9 @@ mod tests {
 
     #[test]
     fn each_forgery_is_refused_with_its_reason() {
-        let cases: Vec<(Vec<u8>, Channel, Sender, Option<u64>, &str)> = vec![
+        // What is sent, on which topic, by whom, above which mark: refused why.
+        type Case = (Vec<u8>, Channel, Sender, Option<u64>, &'static str);
+        let cases: Vec<Case> = vec![
             // Another node's raw message on a keyed node's topic.
             (
                 b"not a report".to_vec(),

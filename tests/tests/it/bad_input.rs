@@ -141,7 +141,7 @@ fn bad_input_fails_clearly_and_everything_keeps_serving() {
                 .step_by(2)
                 .map(|i| u8::from_str_radix(&hex[i..i + 2], 16).unwrap())
                 .collect();
-            starling_proto::decode(&bytes).unwrap()
+            starling_proto::decode(&starling_tests::report_message(&bytes)).unwrap()
         })
         .collect();
     let rejected = states

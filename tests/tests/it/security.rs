@@ -81,7 +81,7 @@ fn answer(port: u16, node: &NodeId, payload: &[u8]) -> TaskEvent {
     publish(port, &topics.node(node, Channel::Assign), payload);
     let got = sniffed(events);
     assert_eq!(got.len(), 1, "no answer from {node}");
-    decode(&got[0].1).unwrap()
+    decode(&starling_tests::report_message(&got[0].1)).unwrap()
 }
 
 #[test]

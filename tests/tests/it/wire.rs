@@ -50,7 +50,8 @@ fn a_plain_mqtt_client_reads_every_capability() {
         if !topic.ends_with("/capability") {
             continue;
         }
-        let value: Value = ciborium::from_reader(hex_decode(hex).as_slice()).unwrap();
+        let message = starling_tests::report_message(&hex_decode(hex));
+        let value: Value = ciborium::from_reader(message.as_slice()).unwrap();
         let node = field(&value, "node_id").as_text().unwrap().to_string();
         assert_eq!(topic, format!("starling/v1/nodes/{node}/capability"));
         assert_eq!(

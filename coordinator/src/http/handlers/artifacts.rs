@@ -181,9 +181,12 @@ pub(crate) fn parse_digest(text: &str) -> Result<Digest, HttpError> {
 #[utoipa::path(
     get,
     path = "/api/v1/artifacts/{digest}",
-    params(("digest" = String, Path, description = "sha256 of the module, 64 hex digits")),
+    params(("digest" = String, Path, description = "sha256 of the artifact, 64 hex digits")),
     responses(
-        (status = 200, description = "The module", content_type = "application/wasm", body = Vec<u8>),
+        (status = 200, description = "The artifact as uploaded: a WebAssembly module, or an OpenCL package", content(
+            (Vec<u8> = "application/wasm"),
+            (Vec<u8> = "application/vnd.starling.opencl+json")
+        )),
         (status = 400, description = "Not a digest", body = ApiError),
         (status = 404, description = "No such artifact", body = ApiError)
     )
