@@ -316,16 +316,18 @@ pub async fn run(
         .last()
         .map(|level| level.level)
         .unwrap_or(0);
-    let runner = Arc::new(Runner::new(
-        node_id.clone(),
-        executor,
-        opencl.map(|node| node.worker),
-        artifacts,
-        config.max_tasks,
-        top_level,
-        event_sender,
-    )
-    .with_task_caps(config.task_caps.resolve())));
+    let runner = Arc::new(
+        Runner::new(
+            node_id.clone(),
+            executor,
+            opencl.map(|node| node.worker),
+            artifacts,
+            config.max_tasks,
+            top_level,
+            event_sender,
+        )
+        .with_task_caps(config.task_caps.resolve()),
+    );
     let counters = runner.counters();
     let mut io = Io {
         session,
