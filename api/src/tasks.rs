@@ -164,8 +164,12 @@ pub struct EventRecord {
     /// Event state (`accepted`, `running`, `succeeded`, `failed`, `cancelled`, `rejected` when the
     /// agent refused the assignment, or `lost` when the node vanished).
     pub state: String,
-    /// The node that sent it.
-    pub node_id: String,
+    /// The node that sent it; for an attempt forwarded to another site, the
+    /// node there that ran it, when that site said.
+    pub node_id: Option<String>,
+    /// For an event of an attempt forwarded to another site: that site.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub site: Option<String>,
     /// When the coordinator received it, Unix milliseconds.
     pub received_ms: u64,
     /// Failure code.
@@ -186,8 +190,11 @@ pub struct EventRecord {
 pub struct AttemptRecord {
     /// Attempt number, from 1.
     pub attempt: u32,
-    /// The node it was sent to.
-    pub node_id: String,
+    /// The node of this site it was sent to; null when it was forwarded.
+    pub node_id: Option<String>,
+    /// The site it was forwarded to; absent when it ran here.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub site: Option<String>,
     /// The power level chosen.
     pub power_level: u8,
     /// When it was assigned, Unix milliseconds.

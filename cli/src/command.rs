@@ -943,9 +943,15 @@ fn print_task(task: &TaskDetail) {
         }
     }
     for event in &task.events {
+        let from = match (&event.site, &event.node_id) {
+            (Some(site), Some(node)) => format!("{node} at site {site}"),
+            (Some(site), None) => format!("site {site}"),
+            (None, Some(node)) => node.clone(),
+            (None, None) => "?".to_owned(),
+        };
         println!(
-            "event     attempt {} {} from {}",
-            event.attempt, event.state, event.node_id
+            "event     attempt {} {} from {from}",
+            event.attempt, event.state
         );
     }
     match (&task.output_text, &task.output_base64) {

@@ -11,6 +11,7 @@ impl From<EventRecord> for starling_api::EventRecord {
             attempt: row.attempt,
             state: row.state,
             node_id: row.node_id,
+            site: row.site,
             received_ms: row.received_ms,
             reason: row.reason,
             message: row.message,
@@ -26,6 +27,7 @@ impl From<AttemptRecord> for starling_api::AttemptRecord {
         Self {
             attempt: row.attempt,
             node_id: row.node_id,
+            site: row.site,
             power_level: row.power_level,
             assigned_ms: row.assigned_ms,
             state: row.state,

@@ -16,8 +16,11 @@ pub struct EventRecord {
     /// Event state (`accepted`, `running`, `succeeded`, `failed`, `cancelled`, `rejected` when the
     /// agent refused the assignment, or `lost` when the node vanished).
     pub state: String,
-    /// The node that sent it.
-    pub node_id: String,
+    /// The node that sent it; for a forwarded attempt, the node at `site`
+    /// that ran it, when that site said.
+    pub node_id: Option<String>,
+    /// For an event of an attempt forwarded to another site: that site.
+    pub site: Option<String>,
     /// When the coordinator received it, Unix milliseconds.
     pub received_ms: u64,
     /// Failure code.
@@ -37,8 +40,10 @@ pub struct EventRecord {
 pub struct AttemptRecord {
     /// Attempt number, from 1.
     pub attempt: u32,
-    /// The node it was sent to.
-    pub node_id: String,
+    /// The node of this site it was sent to; `None` when it was forwarded.
+    pub node_id: Option<String>,
+    /// The site it was forwarded to; `None` when it ran here.
+    pub site: Option<String>,
     /// The power level chosen.
     pub power_level: u8,
     /// When it was assigned, Unix milliseconds.
@@ -81,7 +86,8 @@ pub enum EventOutcome {
 struct EventRow {
     attempt: i64,
     state: String,
-    node_id: String,
+    node_id: Option<String>,
+    site: Option<String>,
     received_ms: i64,
     reason: Option<String>,
     message: Option<String>,
@@ -94,7 +100,8 @@ struct EventRow {
 #[derive(sqlx::FromRow)]
 struct AttemptRow {
     attempt: i64,
-    node_id: String,
+    node_id: Option<String>,
+    site: Option<String>,
     power_level: i64,
     assigned_ms: i64,
     state: String,
@@ -128,6 +135,7 @@ impl EventRow {
             attempt: u32::try_from(self.attempt).unwrap_or(0),
             state: self.state,
             node_id: self.node_id,
+            site: self.site,
             received_ms: from_db(self.received_ms),
             reason: self.reason,
             message: self.message,
@@ -210,7 +218,9 @@ impl Store {
                 tx.rollback().await?;
                 return Ok(EventOutcome::UnknownTask);
             }
-            let assigned_to: Option<(String,)> = sqlx::query_as(attempt_node)
+            // A forwarded attempt has no node (NULL): no event of a node
+            // of this site is its owner's.
+            let assigned_to: Option<(Option<String>,)> = sqlx::query_as(attempt_node)
                 .bind(task_id)
                 .bind(i64::from(event.attempt))
                 .fetch_optional(&mut *tx)
@@ -226,7 +236,7 @@ impl Store {
                 node: task.node_id.as_deref(),
                 cancel_requested: task.cancel_requested,
             };
-            let assigned = assigned_to.as_ref().map(|(assigned,)| assigned.as_str());
+            let assigned = assigned_to.as_ref().and_then(|(assigned,)| assigned.as_deref());
             let decision = reconcile(&task_facts, assigned, &event_facts, max_attempts);
             if !decision.records_event() {
                 tx.rollback().await?;
@@ -308,7 +318,7 @@ impl Store {
     /// A task's events, oldest first; events received in the same millisecond
     /// come in lifecycle order.
     pub async fn events(&self, task_id: &str) -> Result<Vec<EventRecord>, StoreError> {
-        let sql = "SELECT attempt, state, node_id, received_ms, reason, message, exit_code, output_bytes, metrics \
+        let sql = "SELECT attempt, state, node_id, site, received_ms, reason, message, exit_code, output_bytes, metrics \
                    FROM events WHERE task_id = $1 ORDER BY received_ms ASC, attempt ASC, \
                    CASE state WHEN 'accepted' THEN 0 WHEN 'running' THEN 1 WHEN 'lost' THEN 3 ELSE 2 END ASC";
         let rows: Vec<EventRow> =
@@ -318,7 +328,7 @@ impl Store {
 
     /// A task's attempts, first first.
     pub async fn attempts(&self, task_id: &str) -> Result<Vec<AttemptRecord>, StoreError> {
-        let sql = "SELECT attempt, node_id, power_level, assigned_ms, state, finished_ms \
+        let sql = "SELECT attempt, node_id, site, power_level, assigned_ms, state, finished_ms \
                    FROM attempts WHERE task_id = $1 ORDER BY attempt ASC";
         let rows: Vec<AttemptRow> =
             with_pool!(self, pool => sqlx::query_as(sql).bind(task_id).fetch_all(pool).await)?;
@@ -327,6 +337,7 @@ impl Store {
             .map(|row| AttemptRecord {
                 attempt: u32::try_from(row.attempt).unwrap_or(0),
                 node_id: row.node_id,
+                site: row.site,
                 power_level: u8::try_from(row.power_level).unwrap_or(0),
                 assigned_ms: from_db(row.assigned_ms),
                 state: row.state,

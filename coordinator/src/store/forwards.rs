@@ -61,7 +61,8 @@ pub enum TakenBack {
 impl Store {
     /// Records a forward: the pending task's attempt `attempt` goes to `site`
     /// (state `assigned`, no local node), with an attempt row naming the site
-    /// and a `sending` forward row, in one transaction. False (and nothing
+    /// (and no node, so no node's event is ever its owner's) and a `sending`
+    /// forward row, in one transaction. False (and nothing
     /// changed) when the task is no longer pending at the previous attempt.
     pub async fn forward_task(
         &self,
@@ -76,8 +77,8 @@ impl Store {
         let update = "UPDATE tasks SET state = 'assigned', attempt = $2, node_id = NULL, power_level = NULL, \
                       site = $3, site_node = NULL, explanation = $4, updated_ms = $5 \
                       WHERE id = $1 AND state = 'pending' AND attempt = $6";
-        let attempt_row = "INSERT INTO attempts (task_id, attempt, node_id, power_level, assigned_ms, state, explanation) \
-                           VALUES ($1, $2, $3, 0, $4, 'assigned', $5)";
+        let attempt_row = "INSERT INTO attempts (task_id, attempt, node_id, site, power_level, assigned_ms, state, explanation) \
+                           VALUES ($1, $2, NULL, $3, 0, $4, 'assigned', $5)";
         let forward = "INSERT INTO forwards (task_id, attempt, site, api_url, state, created_ms, answered_ms) \
                        VALUES ($1, $2, $3, $4, 'sending', $5, $5)";
         let forwarded = with_pool!(self, pool => {
@@ -99,7 +100,7 @@ impl Store {
             sqlx::query(attempt_row)
                 .bind(task_id)
                 .bind(i64::from(attempt))
-                .bind(format!("site:{site}"))
+                .bind(site)
                 .bind(to_db(now_ms))
                 .bind(&explanation)
                 .execute(&mut *tx)
@@ -185,8 +186,8 @@ impl Store {
                     WHERE id = $1 AND attempt = $2 AND state IN ('assigned', 'running')";
         let attempt_row =
             "UPDATE attempts SET state = $3, finished_ms = $4 WHERE task_id = $1 AND attempt = $2";
-        let event = "INSERT INTO events (task_id, attempt, state, node_id, received_ms, reason, message, exit_code, output_bytes) \
-                     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9) ON CONFLICT (task_id, attempt, state) DO NOTHING";
+        let event = "INSERT INTO events (task_id, attempt, state, node_id, site, received_ms, reason, message, exit_code, output_bytes) \
+                     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10) ON CONFLICT (task_id, attempt, state) DO NOTHING";
         let state = result.status.as_str();
         let recorded = with_pool!(self, pool => {
             let mut tx = pool.begin().await?;
@@ -215,15 +216,12 @@ impl Store {
                 let site: Option<(Option<String>,)> = sqlx::query_as("SELECT site FROM tasks WHERE id = $1")
                     .bind(task_id).fetch_optional(&mut *tx).await?;
                 let site = site.and_then(|(site,)| site).unwrap_or_default();
-                let node = match &result.node {
-                    Some(node) => format!("{site}/{node}"),
-                    None => format!("site:{site}"),
-                };
                 sqlx::query(event)
                     .bind(task_id)
                     .bind(i64::from(attempt))
                     .bind(state)
-                    .bind(node)
+                    .bind(result.node.as_deref())
+                    .bind(&site)
                     .bind(to_db(now_ms))
                     .bind(result.failure_reason.as_deref())
                     .bind(result.failure_message.as_deref())
@@ -255,8 +253,8 @@ impl Store {
         let select =
             "SELECT state, cancel_requested, site FROM tasks WHERE id = $1 AND attempt = $2";
         let lose = "UPDATE attempts SET state = 'lost', finished_ms = $3 WHERE task_id = $1 AND attempt = $2";
-        let event = "INSERT INTO events (task_id, attempt, state, node_id, received_ms, message, output_bytes) \
-                     VALUES ($1, $2, 'lost', $3, $4, $5, 0) ON CONFLICT (task_id, attempt, state) DO NOTHING";
+        let event = "INSERT INTO events (task_id, attempt, state, node_id, site, received_ms, message, output_bytes) \
+                     VALUES ($1, $2, 'lost', NULL, $3, $4, $5, 0) ON CONFLICT (task_id, attempt, state) DO NOTHING";
         let requeue = "UPDATE tasks SET state = 'pending', site = NULL, site_node = NULL, updated_ms = $2 WHERE id = $1";
         let cancel = "UPDATE tasks SET state = 'cancelled', updated_ms = $2 WHERE id = $1";
         let give_up = "UPDATE tasks SET state = 'failed', failure_reason = 'node_lost', failure_message = $3, \
@@ -282,7 +280,7 @@ impl Store {
             }
             let site = site.unwrap_or_default();
             sqlx::query(lose).bind(task_id).bind(i64::from(attempt)).bind(to_db(now_ms)).execute(&mut *tx).await?;
-            sqlx::query(event).bind(task_id).bind(i64::from(attempt)).bind(format!("site:{site}"))
+            sqlx::query(event).bind(task_id).bind(i64::from(attempt)).bind(&site)
                 .bind(to_db(now_ms)).bind(reason).execute(&mut *tx).await?;
             let outcome = if cancel_requested != 0 {
                 sqlx::query(cancel).bind(task_id).bind(to_db(now_ms)).execute(&mut *tx).await?;

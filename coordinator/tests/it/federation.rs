@@ -1,6 +1,7 @@
 //! The federation's REST side on a running coordinator: the sites list, the
 //! peer token on every federation route, forwards that are idempotent on
-//! their origin, and refusals that store nothing.
+//! their origin, and refusals that store nothing; forwarded attempts that no
+//! node can own, and the migration that moved older ones to a site column.
 
 use crate::common;
 
@@ -10,6 +11,8 @@ use starling_api::TaskStatus;
 use starling_coordinator::config::FederationConfig;
 use starling_coordinator::federation::ClusterKey;
 use starling_coordinator::store::forwards::{RemoteResult, TakenBack};
+use starling_coordinator::store::EventOutcome;
+use starling_proto::{NodeId, TaskEvent, TaskId, TaskState};
 
 fn federation(key: &str) -> FederationConfig {
     FederationConfig {
@@ -278,7 +281,7 @@ async fn a_forward_is_recorded_once_and_a_late_answer_after_take_back_is_ignored
         .as_array()
         .unwrap()
         .iter()
-        .any(|a| a["node_id"] == "site:site-y" && a["state"] == "lost"));
+        .any(|a| a["site"] == "site-y" && a["node_id"].is_null() && a["state"] == "lost"));
 
     // A cancel while at a peer: accepted (202) for the forwarder to pass on,
     // and a take-back then ends the task cancelled instead of requeuing it.
@@ -344,10 +347,9 @@ async fn the_forwarder_takes_back_work_at_a_site_that_is_not_alive() {
             let (http, url) = (http.clone(), url.clone());
             async move {
                 let task = get_json(&http, &url).await;
-                let lost = task["attempts"]
-                    .as_array()?
-                    .iter()
-                    .any(|a| a["node_id"] == "site:site-gone" && a["state"] == "lost");
+                let lost = task["attempts"].as_array()?.iter().any(|a| {
+                    a["site"] == "site-gone" && a["node_id"].is_null() && a["state"] == "lost"
+                });
                 (lost && task["state"] == "pending").then_some(())
             }
         },
@@ -358,4 +360,264 @@ async fn the_forwarder_takes_back_work_at_a_site_that_is_not_alive() {
         vec!["site-gone".to_string()]
     );
     running.shutdown().await;
+}
+
+/// Issue 15, item 11, played as the attacker: forwarded attempts were once
+/// recorded under the node id `site:{site}`, so a node enrolled under that
+/// name owned them. That name is refused at enrollment now, and a forwarded
+/// attempt has no node at all: no node's event passes its owner check,
+/// before or after a take-back, and no node's timeout ends it.
+#[tokio::test]
+async fn no_node_owns_a_forwarded_attempt() {
+    const ADMIN: &str = "federation-admin-secret";
+    let dir = tempfile::tempdir().unwrap();
+    // Not federated, so no forwarder acts on the rows behind the test's back.
+    let running = common::start_coordinator(dir.path(), |c| {
+        c.api_token = Some(ADMIN.into());
+        // Enrollment is how nodes get broker logins.
+        c.mqtt_allow_anonymous = false;
+    })
+    .await;
+    let rest = running.rest_url();
+    let http = reqwest::Client::new();
+    let store = running.store();
+
+    // The pseudo node id, and its relatives with a dot, are refused with a
+    // 400 that says what a node id may hold.
+    let answer = http
+        .post(format!("{rest}/api/v1/join-tokens"))
+        .bearer_auth(ADMIN)
+        .json(&json!({}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(answer.status(), StatusCode::CREATED);
+    let join: Value = answer.json().await.unwrap();
+    let join = join["token"].as_str().unwrap();
+    for node in ["site:plant-b", "..", ".", "plant-b.local"] {
+        let answer = http
+            .post(format!("{rest}/api/v1/enroll"))
+            .json(&json!({
+                "join_token": join,
+                "node_id": node,
+                "report_key": common::report_key_hex("attacker"),
+            }))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(answer.status(), StatusCode::BAD_REQUEST, "{node}");
+        let body: Value = answer.json().await.unwrap();
+        assert_eq!(body["error"], "invalid_node_id", "{node}: {body}");
+        let message = body["message"].as_str().unwrap();
+        assert!(
+            message.contains("ASCII letters, digits, '-' and '_'"),
+            "{node}: {message}"
+        );
+    }
+
+    // A task forwarded to plant-b, the attempt recorded with the site.
+    let mut headers = reqwest::header::HeaderMap::new();
+    headers.insert(
+        reqwest::header::AUTHORIZATION,
+        format!("Bearer {ADMIN}").parse().unwrap(),
+    );
+    let http = reqwest::Client::builder()
+        .default_headers(headers)
+        .build()
+        .unwrap();
+    let stored: Value = common::upload(&http, &rest, common::minimal_wasm()).await;
+    let task: Value = common::submit(
+        &http,
+        &rest,
+        &json!({"artifact": stored["digest"].as_str().unwrap()}),
+    )
+    .await;
+    let id = task["id"].as_str().unwrap().to_string();
+    assert!(store
+        .forward_task(&id, 1, "plant-b", "http://plant-b", &json!({}), 1)
+        .await
+        .unwrap());
+    let attempts = store.attempts(&id).await.unwrap();
+    assert_eq!(attempts.len(), 1);
+    assert_eq!(attempts[0].node_id, None);
+    assert_eq!(attempts[0].site.as_deref(), Some("plant-b"));
+
+    // Every name an attacker might pick: the site's, the old pseudo id with
+    // the `:` replaced, and an ordinary node.
+    let attackers = ["plant-b", "site-plant-b", "site_plant-b", "site", "pi-1"];
+    let forge = |node: &str, state: TaskState| {
+        TaskEvent::state(
+            TaskId::new(&id).unwrap(),
+            1,
+            NodeId::new(node).unwrap(),
+            state,
+        )
+    };
+    for node in attackers {
+        for state in [TaskState::Running, TaskState::Succeeded, TaskState::Failed] {
+            assert_eq!(
+                store.record_event(&forge(node, state), 2, 3).await.unwrap(),
+                EventOutcome::NotAssigned,
+                "{node} {state:?} while forwarded"
+            );
+        }
+        // A node of that name timing out does not end the forwarded attempt.
+        assert!(store
+            .requeue_node_tasks(node, 3, 2)
+            .await
+            .unwrap()
+            .is_empty());
+    }
+    assert_eq!(store.open_forwards(10).await.unwrap().len(), 1);
+
+    // After a take-back the task waits in the queue: the rule that accepts a
+    // late result of the latest attempt from the node that ran it must not
+    // see any node as that one.
+    assert_eq!(
+        store
+            .take_back_forward(&id, 1, "was declared down", 3, 3)
+            .await
+            .unwrap(),
+        TakenBack::Requeued
+    );
+    for node in attackers {
+        assert_eq!(
+            store
+                .record_event(&forge(node, TaskState::Succeeded), 4, 3)
+                .await
+                .unwrap(),
+            EventOutcome::NotAssigned,
+            "{node} after the take-back"
+        );
+    }
+    let task = get_json(&http, &format!("{rest}/api/v1/tasks/{id}")).await;
+    assert_eq!(task["state"], "pending", "{task:#}");
+    assert!(task["output_text"].is_null(), "{task:#}");
+    // The REST view shows where the attempt went: the site, no node.
+    let attempt = &task["attempts"][0];
+    assert_eq!(attempt["site"], "plant-b", "{task:#}");
+    assert!(attempt["node_id"].is_null(), "{task:#}");
+    let lost = &task["events"][0];
+    assert_eq!(lost["state"], "lost", "{task:#}");
+    assert_eq!(lost["site"], "plant-b", "{task:#}");
+    assert!(lost["node_id"].is_null(), "{task:#}");
+    running.shutdown().await;
+}
+
+/// Runs the migrations up to 0006 (the schema of the versions that wrote
+/// `site:NAME` attempts) on `$pool`, then writes rows the way they did.
+macro_rules! write_legacy_rows {
+    ($pool:expr) => {{
+        let pool = $pool;
+        let migrations = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("migrations");
+        let mut old = sqlx::migrate::Migrator::new(migrations).await.unwrap();
+        old.migrations = old
+            .migrations
+            .iter()
+            .filter(|migration| migration.version <= 6)
+            .cloned()
+            .collect::<Vec<_>>()
+            .into();
+        old.run(pool).await.unwrap();
+        sqlx::query("INSERT INTO artifacts (digest, size_bytes, bytes, created_ms) VALUES ('d', 1, $1, 1)")
+            .bind(vec![0u8])
+            .execute(pool)
+            .await
+            .unwrap();
+        for id in ["legacy-forwarded", "legacy-local"] {
+            sqlx::query(
+                "INSERT INTO tasks (id, artifact, runtime, input, args, class, demand, limits, work_seconds, \
+                 priority, created_ms, updated_ms, state, attempt, cancel_requested) \
+                 VALUES ($1, 'd', 'wasm', $2, '[]', 'cpu', '{}', '{}', 1.0, 0, 1, 1, 'succeeded', 2, 0)",
+            )
+            .bind(id)
+            .bind(Vec::<u8>::new())
+            .execute(pool)
+            .await
+            .unwrap();
+        }
+        let statements = [
+            // Forwarded twice: taken back once, then run by pi-9 at plant-b.
+            "INSERT INTO attempts (task_id, attempt, node_id, power_level, assigned_ms, state) \
+             VALUES ('legacy-forwarded', 1, 'site:plant-b', 0, 1, 'lost')",
+            "INSERT INTO attempts (task_id, attempt, node_id, power_level, assigned_ms, state) \
+             VALUES ('legacy-forwarded', 2, 'site:plant-b', 0, 2, 'succeeded')",
+            "INSERT INTO forwards (task_id, attempt, site, api_url, state, created_ms, answered_ms) \
+             VALUES ('legacy-forwarded', 1, 'plant-b', 'http://b', 'abandoned', 1, 2)",
+            "INSERT INTO forwards (task_id, attempt, site, api_url, state, created_ms, answered_ms) \
+             VALUES ('legacy-forwarded', 2, 'plant-b', 'http://b', 'done', 2, 3)",
+            "INSERT INTO events (task_id, attempt, state, node_id, received_ms, output_bytes) \
+             VALUES ('legacy-forwarded', 1, 'lost', 'site:plant-b', 2, 0)",
+            "INSERT INTO events (task_id, attempt, state, node_id, received_ms, output_bytes) \
+             VALUES ('legacy-forwarded', 2, 'succeeded', 'plant-b/pi-9', 3, 3)",
+            // A local node an older version let enroll as `site:odd`: its
+            // attempt stays its own (no forward row names it).
+            "INSERT INTO attempts (task_id, attempt, node_id, power_level, assigned_ms, state) \
+             VALUES ('legacy-local', 1, 'site:odd', 0, 1, 'succeeded')",
+            "INSERT INTO events (task_id, attempt, state, node_id, received_ms, output_bytes) \
+             VALUES ('legacy-local', 1, 'succeeded', 'site:odd', 2, 0)",
+        ];
+        for statement in statements {
+            sqlx::query(statement).execute(pool).await.unwrap();
+        }
+    }};
+}
+
+/// What migration 0008 must make of the legacy rows.
+async fn check_migrated_legacy_rows(store: &starling_coordinator::store::Store) {
+    let attempts = store.attempts("legacy-forwarded").await.unwrap();
+    let places: Vec<(Option<&str>, Option<&str>)> = attempts
+        .iter()
+        .map(|a| (a.node_id.as_deref(), a.site.as_deref()))
+        .collect();
+    assert_eq!(places, [(None, Some("plant-b")), (None, Some("plant-b"))]);
+    let events = store.events("legacy-forwarded").await.unwrap();
+    let places: Vec<(&str, Option<&str>, Option<&str>)> = events
+        .iter()
+        .map(|e| (e.state.as_str(), e.node_id.as_deref(), e.site.as_deref()))
+        .collect();
+    assert_eq!(
+        places,
+        [
+            ("lost", None, Some("plant-b")),
+            ("succeeded", Some("pi-9"), Some("plant-b"))
+        ]
+    );
+    let local = store.attempts("legacy-local").await.unwrap();
+    assert_eq!(local[0].node_id.as_deref(), Some("site:odd"));
+    assert_eq!(local[0].site, None);
+    let events = store.events("legacy-local").await.unwrap();
+    assert_eq!(events[0].node_id.as_deref(), Some("site:odd"));
+    assert_eq!(events[0].site, None);
+}
+
+#[tokio::test]
+async fn migration_0008_moves_legacy_site_attempts_to_the_site_column_on_sqlite() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!(
+        "sqlite://{}?mode=rwc",
+        dir.path().join("legacy.db").display()
+    );
+    let pool = sqlx::SqlitePool::connect(&url).await.unwrap();
+    write_legacy_rows!(&pool);
+    pool.close().await;
+    let store = starling_coordinator::store::Store::open(&url)
+        .await
+        .unwrap();
+    check_migrated_legacy_rows(&store).await;
+    store.close().await;
+}
+
+#[tokio::test]
+async fn migration_0008_moves_legacy_site_attempts_to_the_site_column_on_postgres() {
+    let db = common::PostgresDb::create();
+    let pool = sqlx::PgPool::connect(&db.url).await.unwrap();
+    write_legacy_rows!(&pool);
+    pool.close().await;
+    let store = starling_coordinator::store::Store::open(&db.url)
+        .await
+        .unwrap();
+    check_migrated_legacy_rows(&store).await;
+    store.close().await;
+    drop(db);
 }
