@@ -581,7 +581,7 @@ pub fn sanitize_node_id(raw: &str) -> String {
     let cleaned: String = raw
         .chars()
         .map(|c| {
-            if c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.' | ':') {
+            if starling_proto::ids::is_node_id_char(c) {
                 c
             } else {
                 '-'
@@ -832,6 +832,9 @@ mod tests {
     fn derived_node_ids_are_valid() {
         assert!(NodeId::new(&derived_node_id()).is_ok());
         assert_eq!(sanitize_node_id("my host/1"), "my-host-1");
+        // A host name with dots (pi.local) gives a node id the broker and
+        // the coordinator accept.
+        assert_eq!(sanitize_node_id("pi.local:1"), "pi-local-1");
         assert_eq!(sanitize_node_id(&"x".repeat(100)).len(), NODE_ID_LEN);
     }
 }

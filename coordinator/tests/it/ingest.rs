@@ -475,9 +475,11 @@ async fn a_silent_node_gets_no_work_until_it_reports_again() {
 async fn the_embedded_broker_routes_messages_between_clients() {
     let dir = tempfile::tempdir().unwrap();
     let running = common::start_coordinator(dir.path(), |_| {}).await;
+    // Under the topic prefix: even the development broker's anonymous
+    // clients may use only that.
     let (subscriber, mut incoming) = common::mqtt_client(running.mqtt_url(), "subscriber").await;
     subscriber
-        .subscribe("lab/test/#", QoS::AtLeastOnce)
+        .subscribe("starling/v1/lab/test/#", QoS::AtLeastOnce)
         .await
         .unwrap();
     tokio::time::sleep(Duration::from_millis(200)).await;
@@ -485,11 +487,21 @@ async fn the_embedded_broker_routes_messages_between_clients() {
     // A large payload too: the broker accepts messages up to the protocol's limit.
     let big = vec![7u8; starling_proto::limits::MAX_MESSAGE_BYTES];
     publisher
-        .publish("lab/test/a", QoS::AtLeastOnce, false, b"hello".to_vec())
+        .publish(
+            "starling/v1/lab/test/a",
+            QoS::AtLeastOnce,
+            false,
+            b"hello".to_vec(),
+        )
         .await
         .unwrap();
     publisher
-        .publish("lab/test/big", QoS::AtLeastOnce, false, big.clone())
+        .publish(
+            "starling/v1/lab/test/big",
+            QoS::AtLeastOnce,
+            false,
+            big.clone(),
+        )
         .await
         .unwrap();
     let first = tokio::time::timeout(WAIT, incoming.recv())
@@ -498,13 +510,13 @@ async fn the_embedded_broker_routes_messages_between_clients() {
         .unwrap();
     assert_eq!(
         (first.topic.as_str(), &first.payload[..]),
-        ("lab/test/a", &b"hello"[..])
+        ("starling/v1/lab/test/a", &b"hello"[..])
     );
     let second = tokio::time::timeout(WAIT, incoming.recv())
         .await
         .unwrap()
         .unwrap();
-    assert_eq!(second.topic, "lab/test/big");
+    assert_eq!(second.topic, "starling/v1/lab/test/big");
     assert_eq!(second.payload.len(), big.len());
     running.shutdown().await;
 }
