@@ -10,7 +10,7 @@
 //! client ids to logins and bound sizes and queues, then signals Mosquitto to
 //! reload them: the coordinator's own broker (`mqtt::broker`) or an
 //! operator's. Ingest asks [`MqttAccess`] whether a message comes from a
-//! revoked node ([`ingest_allows`]).
+//! revoked node, and for the key its reports must be signed with.
 
 use std::path::{Path, PathBuf};
 use std::sync::RwLock;
@@ -276,12 +276,22 @@ pub struct MosquittoFiles {
     pub allow_anonymous: bool,
 }
 
+/// Headroom over [`starling_proto::limits::MAX_MESSAGE_BYTES`] for the MQTT
+/// packet's own header and topic name.
+pub const PACKET_HEADROOM_BYTES: usize = 64 * 1024;
+
+/// The largest MQTT packet the broker accepts from anyone and the
+/// coordinator's client reads: Mosquitto's `max_packet_size`, so a larger
+/// publish is refused at the broker and never reaches (or stalls) ingest.
+pub const MAX_PACKET_BYTES: usize =
+    starling_proto::limits::MAX_MESSAGE_BYTES + PACKET_HEADROOM_BYTES;
+
 /// Messages Mosquitto queues for one client beyond those in flight, and the
 /// bytes they may hold: a client that stops reading costs the broker at most
 /// this much. Assignments are the only large messages a node receives.
 pub const MOSQUITTO_MAX_QUEUED_MESSAGES: usize = 100;
 /// See [`MOSQUITTO_MAX_QUEUED_MESSAGES`].
-pub const MOSQUITTO_MAX_QUEUED_BYTES: usize = 4 * crate::mqtt::broker::MAX_PACKET_BYTES;
+pub const MOSQUITTO_MAX_QUEUED_BYTES: usize = 4 * MAX_PACKET_BYTES;
 
 impl MosquittoFiles {
     /// The password file's path.
@@ -360,7 +370,7 @@ impl MosquittoFiles {
             anonymous = self.allow_anonymous,
             passwd = self.passwd_path().display(),
             acl = self.acl_path().display(),
-            packet = crate::mqtt::broker::MAX_PACKET_BYTES,
+            packet = MAX_PACKET_BYTES,
             queued = MOSQUITTO_MAX_QUEUED_MESSAGES,
             queued_bytes = MOSQUITTO_MAX_QUEUED_BYTES,
         )
@@ -519,13 +529,6 @@ pub(crate) async fn mint_credentials(
         coordinator_key: shared.coordinator_key(),
         topic_prefix: shared.topics.prefix().to_string(),
     })
-}
-
-/// Whether ingest should apply a message from `node_id`: not when the node's
-/// credentials were revoked (on the embedded broker a revoked node may still
-/// hold its connection until it drops).
-pub(crate) fn ingest_allows(shared: &crate::Shared, node_id: &str) -> bool {
-    !shared.mqtt_access.is_revoked(node_id)
 }
 
 #[cfg(test)]

@@ -1,9 +1,10 @@
 //! Starting a coordinator: the wiring. [`start`] opens the store, binds the
 //! REST listener, starts or reaches the broker, builds each part's narrow
-//! handle (the scheduler's, the outbox's, failure detection's, the
-//! publisher) and spawns them; [`Running`] is the handle of what runs.
-//! `Shared` is what the REST handlers and ingest still reach through; the
-//! loops see only their own handles.
+//! handle (ingest's, the scheduler's, the outbox's, failure detection's,
+//! the federation forwarder's, the publisher) and spawns them; [`Running`]
+//! is the handle of what runs. `Shared` is the REST router's state (its
+//! handlers reach many parts: the store, registry, publisher, access, the
+//! federation); everything else sees only its own handle.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -123,7 +124,7 @@ pub(crate) struct Shared {
     /// The external Mosquitto's password file and ACL, when configured.
     pub(crate) mosquitto: Option<access::MosquittoFiles>,
     /// The highest report counter accepted per node and report channel.
-    pub(crate) report_marks: std::sync::Mutex<domain::reports::ReportMarks>,
+    pub(crate) report_marks: Arc<std::sync::Mutex<domain::reports::ReportMarks>>,
     /// Whether nodes without a report key are heard (`--mqtt-allow-anonymous`,
     /// development only).
     pub(crate) accept_unsigned_reports: bool,
@@ -188,6 +189,23 @@ impl Shared {
             registry: self.registry.clone(),
             store: self.store.clone(),
             node_timeout_ms: self.node_timeout_ms,
+        }
+    }
+
+    /// The handle ingest gets: only what it uses.
+    pub(crate) fn ingest(&self) -> mqtt::ingest::Ingest {
+        mqtt::ingest::Ingest {
+            store: self.store.clone(),
+            registry: self.registry.clone(),
+            topics: self.topics.clone(),
+            mqtt: self.mqtt.clone(),
+            access: self.mqtt_access.clone(),
+            report_marks: self.report_marks.clone(),
+            accept_unsigned_reports: self.accept_unsigned_reports,
+            max_attempts: self.max_attempts,
+            wake_scheduler: self.wake_scheduler.clone(),
+            broker_up_since_ms: self.broker_up_since_ms.clone(),
+            counters: self.counters.clone(),
         }
     }
 
@@ -534,7 +552,7 @@ pub async fn start(config: CoordinatorConfig) -> Result<Running, StartError> {
         api_token: config.api_token.clone(),
         mqtt_access,
         mosquitto,
-        report_marks: std::sync::Mutex::new(report_marks),
+        report_marks: Arc::new(std::sync::Mutex::new(report_marks)),
         accept_unsigned_reports: config.mqtt_allow_anonymous,
         wake_scheduler: Arc::new(Notify::new()),
         broker_up_since_ms: Arc::new(std::sync::atomic::AtomicU64::new(task::unix_now_ms())),
@@ -545,15 +563,16 @@ pub async fn start(config: CoordinatorConfig) -> Result<Running, StartError> {
     let (stop, stop_rx) = watch::channel(false);
     let (messages_tx, messages_rx) = tokio::sync::mpsc::channel(1024);
 
+    let ingest = shared.ingest();
     let mut tasks = vec![
         tokio::spawn(mqtt::ingest::run_mqtt_loop(
             eventloop,
-            shared.clone(),
+            ingest.clone(),
             messages_tx,
             stop_rx.clone(),
         )),
         tokio::spawn(mqtt::ingest::run_message_handler(
-            shared.clone(),
+            ingest.clone(),
             messages_rx,
         )),
         tokio::spawn(loops::scheduler::run(
@@ -602,7 +621,16 @@ pub async fn start(config: CoordinatorConfig) -> Result<Running, StartError> {
     ];
     if let Some(federation) = federation {
         tasks.extend(federation::spawn(
-            shared.clone(),
+            federation::DigestSource {
+                store: shared.store.clone(),
+                views: shared.view_source(),
+                public_url: shared.public_url.clone(),
+            },
+            federation::Forwarder {
+                store: shared.store.clone(),
+                max_attempts: shared.max_attempts,
+                wake_scheduler: shared.wake_scheduler.clone(),
+            },
             federation,
             stop_rx.clone(),
         ));
@@ -620,7 +648,7 @@ pub async fn start(config: CoordinatorConfig) -> Result<Running, StartError> {
     }));
     // Subscriptions are made by the MQTT loop on each ConnAck; the first one
     // was consumed above, so subscribe now for it.
-    mqtt::ingest::subscribe(&shared);
+    mqtt::ingest::subscribe(&ingest);
 
     tracing::info!(
         rest = %rest_addr,

@@ -20,10 +20,20 @@ use tokio::sync::watch;
 
 use super::Federation;
 use crate::store::forwards::{OpenForward, RemoteResult, TakenBack};
+use crate::store::Store;
 use crate::store::{StoreError, TaskRecord};
 use crate::task::unix_now_ms;
-use crate::Shared;
 use starling_api::{ForwardAccepted, ForwardRequest, ForwardStatus};
+
+/// What the forwarder uses of the coordinator: the store it records
+/// forwards and results in, the attempt budget of a task taken back, and the
+/// scheduler it wakes when a task returns to the queue or ends.
+#[derive(Clone)]
+pub(crate) struct Forwarder {
+    pub(crate) store: Store,
+    pub(crate) max_attempts: u32,
+    pub(crate) wake_scheduler: Arc<tokio::sync::Notify>,
+}
 
 /// How often open forwards are looked at when nothing wakes the loop.
 const POLL_INTERVAL: Duration = Duration::from_millis(500);
@@ -43,12 +53,12 @@ enum PeerAnswer<T> {
 
 /// Runs until told to stop.
 pub(crate) async fn run(
-    shared: Arc<Shared>,
+    forwarder: Forwarder,
     federation: Arc<Federation>,
     mut stop: watch::Receiver<bool>,
 ) {
     loop {
-        if let Err(error) = pass(&shared, &federation).await {
+        if let Err(error) = pass(&forwarder, &federation).await {
             tracing::warn!(%error, "forwarding pass failed; retrying");
         }
         tokio::select! {
@@ -59,19 +69,19 @@ pub(crate) async fn run(
     }
 }
 
-async fn pass(shared: &Shared, federation: &Federation) -> Result<(), StoreError> {
-    for forward in shared.store.open_forwards(BATCH).await? {
-        let Some(record) = shared.store.task(&forward.task_id).await? else {
+async fn pass(forwarder: &Forwarder, federation: &Federation) -> Result<(), StoreError> {
+    for forward in forwarder.store.open_forwards(BATCH).await? {
+        let Some(record) = forwarder.store.task(&forward.task_id).await? else {
             continue;
         };
         // No call to a peer the failure detector declared down: it would
         // only wait for a timeout.
         if !federation.gossip.table().is_alive(&forward.site) {
-            give_up_if_due(shared, federation, &forward, "no answer").await?;
+            give_up_if_due(forwarder, federation, &forward, "no answer").await?;
         } else if forward.accepted {
-            follow(shared, federation, &forward).await?;
+            follow(forwarder, federation, &forward).await?;
         } else {
-            send(shared, federation, &forward, &record).await?;
+            send(forwarder, federation, &forward, &record).await?;
         }
     }
     Ok(())
@@ -79,7 +89,7 @@ async fn pass(shared: &Shared, federation: &Federation) -> Result<(), StoreError
 
 /// Sends (or sends again) a forward the peer has not confirmed.
 async fn send(
-    shared: &Shared,
+    forwarder: &Forwarder,
     federation: &Federation,
     forward: &OpenForward,
     record: &TaskRecord,
@@ -106,19 +116,21 @@ async fn send(
     match answer {
         PeerAnswer::Ok(accepted) => {
             tracing::info!(task = %spec.id, site = %forward.site, remote = %accepted.task_id, created = accepted.created, "task forwarded");
-            shared
+            forwarder
                 .store
                 .forward_answered(&forward.task_id, forward.attempt, None, unix_now_ms())
                 .await
         }
-        PeerAnswer::Refused(why) => take_back(shared, forward, &format!("refused it: {why}")).await,
-        PeerAnswer::Silent(why) => give_up_if_due(shared, federation, forward, &why).await,
+        PeerAnswer::Refused(why) => {
+            take_back(forwarder, forward, &format!("refused it: {why}")).await
+        }
+        PeerAnswer::Silent(why) => give_up_if_due(forwarder, federation, forward, &why).await,
     }
 }
 
 /// Asks the peer how a forwarded task stands; records its end.
 async fn follow(
-    shared: &Shared,
+    forwarder: &Forwarder,
     federation: &Federation,
     forward: &OpenForward,
 ) -> Result<(), StoreError> {
@@ -134,9 +146,11 @@ async fn follow(
     let status = match call::<ForwardStatus>(federation, federation.http.get(&base)).await {
         PeerAnswer::Ok(status) => status,
         PeerAnswer::Refused(why) => {
-            return take_back(shared, forward, &format!("no longer knows it: {why}")).await
+            return take_back(forwarder, forward, &format!("no longer knows it: {why}")).await
         }
-        PeerAnswer::Silent(why) => return give_up_if_due(shared, federation, forward, &why).await,
+        PeerAnswer::Silent(why) => {
+            return give_up_if_due(forwarder, federation, forward, &why).await
+        }
     };
     let now = unix_now_ms();
     if !status.state.is_terminal() {
@@ -144,7 +158,7 @@ async fn follow(
             .node_id
             .as_deref()
             .filter(|_| status.state.is_in_flight());
-        return shared
+        return forwarder
             .store
             .forward_answered(&forward.task_id, forward.attempt, running_on, now)
             .await;
@@ -157,7 +171,7 @@ async fn follow(
         Some(Ok(bytes)) => Some(bytes),
         Some(Err(error)) => {
             return take_back(
-                shared,
+                forwarder,
                 forward,
                 &format!("sent output that is not base64 ({error})"),
             )
@@ -173,20 +187,20 @@ async fn follow(
         failure_reason: status.reason.clone(),
         failure_message: status.message.clone(),
     };
-    if shared
+    if forwarder
         .store
         .finish_forward(&forward.task_id, forward.attempt, &result, now)
         .await?
     {
         tracing::info!(task = %forward.task_id, site = %forward.site, node = ?status.node_id, state = %status.state, "forwarded task ended");
-        shared.wake_scheduler.notify_one();
+        forwarder.wake_scheduler.notify_one();
     }
     Ok(())
 }
 
 /// Takes the attempt back once the peer is declared down or silent too long.
 async fn give_up_if_due(
-    shared: &Shared,
+    forwarder: &Forwarder,
     federation: &Federation,
     forward: &OpenForward,
     why: &str,
@@ -197,10 +211,10 @@ async fn give_up_if_due(
     let silent_ms = unix_now_ms().saturating_sub(forward.answered_ms);
     let timeout_ms = u64::try_from(federation.forward_timeout.as_millis()).unwrap_or(u64::MAX);
     if down {
-        take_back(shared, forward, &format!("was declared down ({why})")).await
+        take_back(forwarder, forward, &format!("was declared down ({why})")).await
     } else if silent_ms > timeout_ms {
         take_back(
-            shared,
+            forwarder,
             forward,
             &format!("did not answer for {} s ({why})", silent_ms / 1000),
         )
@@ -211,20 +225,24 @@ async fn give_up_if_due(
     }
 }
 
-async fn take_back(shared: &Shared, forward: &OpenForward, reason: &str) -> Result<(), StoreError> {
-    let outcome = shared
+async fn take_back(
+    forwarder: &Forwarder,
+    forward: &OpenForward,
+    reason: &str,
+) -> Result<(), StoreError> {
+    let outcome = forwarder
         .store
         .take_back_forward(
             &forward.task_id,
             forward.attempt,
             &format!("site {} {reason}", forward.site),
-            shared.max_attempts,
+            forwarder.max_attempts,
             unix_now_ms(),
         )
         .await?;
     if outcome != TakenBack::AlreadyEnded {
         tracing::warn!(task = %forward.task_id, site = %forward.site, %reason, ?outcome, "forward taken back");
-        shared.wake_scheduler.notify_one();
+        forwarder.wake_scheduler.notify_one();
     }
     Ok(())
 }

@@ -12,6 +12,7 @@
 //! scheduler with the peers' digests.
 
 mod forward;
+pub(crate) use forward::Forwarder;
 pub mod gossip;
 pub mod key;
 pub mod member;
@@ -31,7 +32,6 @@ pub use key::ClusterKey;
 pub use starling_api::{SiteEntry, SiteState};
 
 use crate::config::FederationConfig;
-use crate::Shared;
 
 /// How often this site's capacity is looked at for a new digest.
 pub(crate) const DIGEST_CHECK: Duration = Duration::from_millis(500);
@@ -129,41 +129,47 @@ impl Federation {
     }
 }
 
+/// What the digest publisher reads: the queue and the cluster view the
+/// scheduler sees, the artifacts held, and the URL peers forward to.
+#[derive(Clone)]
+pub(crate) struct DigestSource {
+    pub(crate) store: crate::store::Store,
+    pub(crate) views: crate::loops::cluster_view::ViewSource,
+    pub(crate) public_url: String,
+}
+
 /// Starts the federation's loops: digest publishing, round-trip probes, forwarding.
 pub(crate) fn spawn(
-    shared: Arc<Shared>,
+    source: DigestSource,
+    forwarder: forward::Forwarder,
     federation: Arc<Federation>,
     stop: watch::Receiver<bool>,
 ) -> Vec<JoinHandle<()>> {
     vec![
-        tokio::spawn(publish_digests(
-            shared.clone(),
-            federation.clone(),
-            stop.clone(),
-        )),
+        tokio::spawn(publish_digests(source, federation.clone(), stop.clone())),
         tokio::spawn(probe_peers(federation.clone(), stop.clone())),
-        tokio::spawn(forward::run(shared, federation, stop)),
+        tokio::spawn(forward::run(forwarder, federation, stop)),
     ]
 }
 
 /// This site's digest from what the scheduler sees now: the same figures
 /// the simulator's sites publish (`SiteCapacity::into_digest`).
 async fn digest(
-    shared: &Shared,
+    source: &DigestSource,
     federation: &Federation,
     version: u64,
 ) -> Result<SiteDigest, String> {
-    let pending = shared
+    let pending = source
         .store
         .pending_tasks(crate::loops::cluster_view::QUEUE_WINDOW)
         .await
         .map_err(|error| error.to_string())?;
-    let snapshot = shared
-        .view_source()
+    let snapshot = source
+        .views
         .snapshot(pending)
         .await
         .map_err(|error| error.to_string())?;
-    let artifacts: Vec<starling_proto::Digest> = shared
+    let artifacts: Vec<starling_proto::Digest> = source
         .store
         .recent_artifacts(MAX_DIGEST_ARTIFACTS as u32)
         .await
@@ -175,7 +181,7 @@ async fn digest(
         .into_digest(
             federation.site.clone(),
             version,
-            &shared.public_url,
+            &source.public_url,
             &artifacts,
         )
         .map_err(|error| format!("{error}; pass a shorter --public-url so peers can forward here"))
@@ -184,7 +190,7 @@ async fn digest(
 /// Publishes this site's digest when it changed, when a site joined (so the
 /// newcomer learns it at once), and at least every [`gossip::DIGEST_REFRESH`].
 async fn publish_digests(
-    shared: Arc<Shared>,
+    source: DigestSource,
     federation: Arc<Federation>,
     mut stop: watch::Receiver<bool>,
 ) {
@@ -194,7 +200,7 @@ async fn publish_digests(
     let mut joined = false;
     loop {
         // Compared without its version: only a change of figures is news.
-        match digest(&shared, &federation, 1).await {
+        match digest(&source, &federation, 1).await {
             Ok(mut fresh) => {
                 let due = match &last {
                     None => true,

@@ -30,15 +30,9 @@ use std::time::{Duration, Instant};
 use crate::access::{MosquittoFiles, Reload};
 use crate::server_tls::{ServerTls, ServerTlsError};
 
-/// Headroom over [`starling_proto::limits::MAX_MESSAGE_BYTES`] for the MQTT
-/// packet's own header and topic name.
-pub const PACKET_HEADROOM_BYTES: usize = 64 * 1024;
-
-/// The largest MQTT packet the broker accepts from anyone and the
-/// coordinator's client reads: Mosquitto's `max_packet_size`, so a larger
-/// publish is refused at the broker and never reaches (or stalls) ingest.
-pub const MAX_PACKET_BYTES: usize =
-    starling_proto::limits::MAX_MESSAGE_BYTES + PACKET_HEADROOM_BYTES;
+/// The packet bound the broker's files set (`access` writes them, for this
+/// broker and an operator's alike).
+pub use crate::access::{MAX_PACKET_BYTES, PACKET_HEADROOM_BYTES};
 
 /// How long the broker may take to accept its first connection.
 const BROKER_START_TIMEOUT: Duration = Duration::from_secs(5);

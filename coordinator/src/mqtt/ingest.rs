@@ -23,11 +23,37 @@ use tokio::sync::{mpsc, watch};
 
 pub use super::inbound::IngestError;
 use super::inbound::{parse_inbound, Inbound, Senders};
+use crate::access::MqttAccess;
+use crate::domain::reports::ReportMarks;
 use crate::domain::reports::{ReportRefused, Sender};
-use crate::registry::RegistryChange;
-use crate::store::EventOutcome;
+use crate::mqtt::client::MqttClient;
+use crate::registry::{NodeRegistry, RegistryChange};
+use crate::store::{EventOutcome, Store};
 use crate::task::{unix_now_ms, TaskStatus};
-use crate::{Counters, Shared};
+use crate::Counters;
+
+/// What ingest uses of the coordinator, and nothing else: the store and the
+/// registry it changes, the client it answers nodes with, who may speak
+/// (revocations, report keys and marks), and the scheduler it wakes.
+#[derive(Clone)]
+pub(crate) struct Ingest {
+    pub(crate) store: Store,
+    pub(crate) registry: Arc<NodeRegistry>,
+    pub(crate) topics: starling_proto::Topics,
+    pub(crate) mqtt: MqttClient,
+    /// Revoked nodes and report keys.
+    pub(crate) access: Arc<MqttAccess>,
+    /// The highest report counter accepted per node and report channel
+    /// (ingest with enrollment, which forgets a re-enrolled node's).
+    pub(crate) report_marks: Arc<std::sync::Mutex<ReportMarks>>,
+    /// Whether nodes without a report key are heard (development broker).
+    pub(crate) accept_unsigned_reports: bool,
+    pub(crate) max_attempts: u32,
+    pub(crate) wake_scheduler: Arc<tokio::sync::Notify>,
+    /// Since when the broker connection is up (0 while down), for liveness.
+    pub(crate) broker_up_since_ms: Arc<std::sync::atomic::AtomicU64>,
+    pub(crate) counters: Arc<Counters>,
+}
 
 /// The channels the coordinator consumes.
 pub const CONSUMED_CHANNELS: [Channel; 4] = [
@@ -63,11 +89,11 @@ pub enum Handled {
 /// Subscribes to every node's capability, telemetry, status and events.
 /// Uses the non-blocking request path: it runs on the task that drives the
 /// event loop, which must not wait on its own request queue.
-pub(crate) fn subscribe(shared: &Shared) {
+pub(crate) fn subscribe(ingest: &Ingest) {
     let filters = CONSUMED_CHANNELS
         .into_iter()
-        .map(|channel| SubscribeFilter::new(shared.topics.all_nodes(channel), QoS::AtLeastOnce));
-    if let Err(error) = shared.mqtt.try_subscribe_many(filters) {
+        .map(|channel| SubscribeFilter::new(ingest.topics.all_nodes(channel), QoS::AtLeastOnce));
+    if let Err(error) = ingest.mqtt.try_subscribe_many(filters) {
         tracing::error!(%error, "cannot queue the MQTT subscriptions");
     }
 }
@@ -77,12 +103,12 @@ pub(crate) fn subscribe(shared: &Shared) {
 /// event would be replayed to the coordinator at every resubscribe and held
 /// by the broker for good, so it is cleared (an empty retained message) when
 /// one arrives; the message itself is still checked like any other.
-fn clear_unwanted_retained(shared: &Shared, topic: &str) {
+fn clear_unwanted_retained(ingest: &Ingest, topic: &str) {
     let unwanted = [Channel::Telemetry, Channel::Events]
         .into_iter()
         .any(|channel| topic.ends_with(&format!("/{}", channel.as_str())));
     if unwanted {
-        if let Err(error) = shared
+        if let Err(error) = ingest
             .mqtt
             .try_publish(topic, QoS::AtLeastOnce, true, Vec::new())
         {
@@ -95,7 +121,7 @@ fn clear_unwanted_retained(shared: &Shared, topic: &str) {
 /// after each reconnect, and retries after errors until told to stop.
 pub(crate) async fn run_mqtt_loop(
     mut eventloop: EventLoop,
-    shared: Arc<Shared>,
+    ingest: Ingest,
     messages: mpsc::Sender<Received>,
     mut stop: watch::Receiver<bool>,
 ) {
@@ -106,15 +132,15 @@ pub(crate) async fn run_mqtt_loop(
         };
         match polled {
             Ok(Event::Incoming(Packet::ConnAck(_))) => {
-                shared
+                ingest
                     .broker_up_since_ms
                     .store(unix_now_ms(), std::sync::atomic::Ordering::Relaxed);
                 tracing::info!("connected to the MQTT broker again; subscribing");
-                subscribe(&shared);
+                subscribe(&ingest);
             }
             Ok(Event::Incoming(Packet::Publish(publish))) => {
                 if publish.retain && !publish.payload.is_empty() {
-                    clear_unwanted_retained(&shared, &publish.topic);
+                    clear_unwanted_retained(&ingest, &publish.topic);
                 }
                 let received = Received {
                     topic: publish.topic,
@@ -130,7 +156,7 @@ pub(crate) async fn run_mqtt_loop(
                 if *stop.borrow() {
                     break;
                 }
-                shared
+                ingest
                     .broker_up_since_ms
                     .store(0, std::sync::atomic::Ordering::Relaxed);
                 tracing::warn!(%error, "MQTT connection error; retrying in 1 s");
@@ -192,30 +218,27 @@ impl LogBudget {
 }
 
 /// Handles received messages one at a time, in arrival order.
-pub(crate) async fn run_message_handler(
-    shared: Arc<Shared>,
-    mut messages: mpsc::Receiver<Received>,
-) {
+pub(crate) async fn run_message_handler(ingest: Ingest, mut messages: mpsc::Receiver<Received>) {
     let mut budget = LogBudget::new();
     while let Some(message) = messages.recv().await {
         let handled =
-            handle_message(&shared, &message.topic, &message.payload, message.retained).await;
+            handle_message(&ingest, &message.topic, &message.payload, message.retained).await;
         match handled {
             Ok(handled) => {
                 if handled == Handled::Event(EventOutcome::Duplicate) {
-                    Counters::increment(&shared.counters.duplicate_events);
+                    Counters::increment(&ingest.counters.duplicate_events);
                 }
-                Counters::increment(&shared.counters.messages_handled);
+                Counters::increment(&ingest.counters.messages_handled);
                 tracing::debug!(topic = %message.topic, ?handled, "message handled")
             }
             Err(error) => {
-                Counters::increment(&shared.counters.messages_ignored);
+                Counters::increment(&ingest.counters.messages_ignored);
                 if let IngestError::Refused(refused) = &error {
                     let reason = ReportRefused::REASONS
                         .iter()
                         .position(|reason| *reason == refused.reason());
                     if let Some(counter) =
-                        reason.and_then(|i| shared.counters.reports_refused.get(i))
+                        reason.and_then(|i| ingest.counters.reports_refused.get(i))
                     {
                         Counters::increment(counter);
                     }
@@ -229,15 +252,15 @@ pub(crate) async fn run_message_handler(
 }
 
 /// What the coordinator knows of the nodes that send it reports.
-struct KnownSenders<'a>(&'a Shared);
+struct KnownSenders<'a>(&'a Ingest);
 
 impl Senders for KnownSenders<'_> {
     fn revoked(&self, node: &NodeId) -> bool {
-        !crate::access::ingest_allows(self.0, node.as_str())
+        self.0.access.is_revoked(node.as_str())
     }
 
     fn sender(&self, node: &NodeId) -> Sender {
-        match self.0.mqtt_access.report_key(node.as_str()) {
+        match self.0.access.report_key(node.as_str()) {
             Some(key) => Sender::Keyed(key),
             None => Sender::Unkeyed {
                 accept_unsigned: self.0.accept_unsigned_reports,
@@ -258,18 +281,18 @@ impl Senders for KnownSenders<'_> {
 /// be accepted twice whatever applying it does; durable for every channel
 /// but telemetry (see `ReportMarks`).
 async fn raise_mark(
-    shared: &Shared,
+    ingest: &Ingest,
     node: &NodeId,
     channel: ReportChannel,
     counter: u64,
 ) -> Result<(), IngestError> {
-    let durable = shared
+    let durable = ingest
         .report_marks
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner)
         .raise(node, channel, counter);
     if durable {
-        shared
+        ingest
             .store
             .raise_report_mark(
                 node.as_str(),
@@ -284,42 +307,45 @@ async fn raise_mark(
 /// Applies one message (`retained`: the broker handed it out as retained).
 /// On any error the registry and the store are unchanged.
 pub(crate) async fn handle_message(
-    shared: &Shared,
+    ingest: &Ingest,
     topic: &str,
     payload: &[u8],
     retained: bool,
 ) -> Result<Handled, IngestError> {
     let now_ms = unix_now_ms();
     let accepted = parse_inbound(
-        &shared.topics,
+        &ingest.topics,
         topic,
         payload,
         retained,
-        &KnownSenders(shared),
+        &KnownSenders(ingest),
     )?;
     if let Some((node, channel, counter)) = &accepted.counted {
-        raise_mark(shared, node, *channel, *counter).await?;
+        raise_mark(ingest, node, *channel, *counter).await?;
     }
     let change = match accepted.inbound {
         Inbound::Cleared => return Ok(Handled::Cleared),
         Inbound::Capability(node, capability) => {
-            shared
-                .registry_mut()
+            ingest
+                .registry
+                .write()
                 .apply_capability(&node, *capability, now_ms)?
         }
-        Inbound::Telemetry(node, telemetry) => shared
-            .registry_mut()
+        Inbound::Telemetry(node, telemetry) => ingest
+            .registry
+            .write()
             .apply_telemetry(&node, telemetry, now_ms)?,
-        Inbound::Status(node, status) => {
-            shared.registry_mut().apply_status(&node, status, now_ms)?
-        }
-        Inbound::Event(event) => return handle_event(shared, event, now_ms).await,
+        Inbound::Status(node, status) => ingest
+            .registry
+            .write()
+            .apply_status(&node, status, now_ms)?,
+        Inbound::Event(event) => return handle_event(ingest, event, now_ms).await,
     };
     match &change {
         RegistryChange::NodeOffline(id) => {
-            let lost = shared
+            let lost = ingest
                 .store
-                .requeue_node_tasks(id.as_str(), shared.max_attempts, now_ms)
+                .requeue_node_tasks(id.as_str(), ingest.max_attempts, now_ms)
                 .await?;
             for task in &lost {
                 tracing::warn!(
@@ -330,11 +356,11 @@ pub(crate) async fn handle_message(
                     "node went offline with the task in flight"
                 );
             }
-            shared.wake_scheduler.notify_one();
+            ingest.wake_scheduler.notify_one();
         }
         RegistryChange::NodeOnline(id) | RegistryChange::NodeRegistered(id) => {
             tracing::info!(node = %id, change = ?change, "node registry updated");
-            shared.wake_scheduler.notify_one();
+            ingest.wake_scheduler.notify_one();
         }
         _ => {}
     }
@@ -345,7 +371,7 @@ pub(crate) async fn handle_message(
 /// full the message is dropped, which costs nothing lasting: the agent re-sends
 /// an unacknowledged event, and the answer is made again for the redelivery.
 fn reply<M: starling_proto::Message>(
-    shared: &Shared,
+    ingest: &Ingest,
     node: &NodeId,
     channel: Channel,
     message: &M,
@@ -357,8 +383,8 @@ fn reply<M: starling_proto::Message>(
             return;
         }
     };
-    let topic = shared.topics.node(node, channel);
-    if let Err(error) = shared
+    let topic = ingest.topics.node(node, channel);
+    if let Err(error) = ingest
         .mqtt
         .try_publish(topic, QoS::AtLeastOnce, false, bytes)
     {
@@ -367,20 +393,20 @@ fn reply<M: starling_proto::Message>(
 }
 
 /// Tells a node to stop an attempt that is no longer the task's current one.
-fn cancel_stale(shared: &Shared, event: &TaskEvent) {
+fn cancel_stale(ingest: &Ingest, event: &TaskEvent) {
     tracing::info!(
         task = %event.task_id,
         attempt = event.attempt,
         node = %event.node_id,
         "node reports work on a stale attempt; cancelling it"
     );
-    Counters::increment(&shared.counters.stale_cancels);
+    Counters::increment(&ingest.counters.stale_cancels);
     let cancel = Cancel {
         v: PROTOCOL_VERSION,
         task_id: event.task_id.clone(),
         attempt: event.attempt,
     };
-    reply(shared, &event.node_id, Channel::Cancel, &cancel);
+    reply(ingest, &event.node_id, Channel::Cancel, &cancel);
 }
 
 fn works_on(state: TaskState) -> bool {
@@ -388,13 +414,13 @@ fn works_on(state: TaskState) -> bool {
 }
 
 async fn handle_event(
-    shared: &Shared,
+    ingest: &Ingest,
     event: TaskEvent,
     now_ms: u64,
 ) -> Result<Handled, IngestError> {
-    let outcome = shared
+    let outcome = ingest
         .store
-        .record_event(&event, now_ms, shared.max_attempts)
+        .record_event(&event, now_ms, ingest.max_attempts)
         .await?;
     // Recorded (or known already, or about a task that does not exist): the
     // agent may forget it.
@@ -404,9 +430,9 @@ async fn handle_event(
         attempt: event.attempt,
         state: event.state,
     };
-    reply(shared, &event.node_id, Channel::Ack, &ack);
+    reply(ingest, &event.node_id, Channel::Ack, &ack);
     if event.state == TaskState::Rejected && outcome != EventOutcome::Duplicate {
-        Counters::increment(&shared.counters.assignments_rejected);
+        Counters::increment(&ingest.counters.assignments_rejected);
         tracing::warn!(
             task = %event.task_id,
             attempt = event.attempt,
@@ -427,13 +453,13 @@ async fn handle_event(
             tracing::debug!(task = %event.task_id, attempt = event.attempt, "duplicate event ignored");
             if works_on(event.state) {
                 // The first answer may have been the one lost; ask again.
-                let task = shared.store.task(event.task_id.as_str()).await?;
+                let task = ingest.store.task(event.task_id.as_str()).await?;
                 let current = task.is_some_and(|task| {
                     task.attempt == event.attempt
                         && task.node_id.as_deref() == Some(event.node_id.as_str())
                 });
                 if !current {
-                    cancel_stale(shared, &event);
+                    cancel_stale(ingest, &event);
                 }
             }
         }
@@ -444,7 +470,7 @@ async fn handle_event(
         EventOutcome::Stale { status } => {
             tracing::info!(task = %event.task_id, attempt = event.attempt, node = %event.node_id, state = ?event.state, now = %status, "event of a stale attempt kept as history");
             if works_on(event.state) {
-                cancel_stale(shared, &event);
+                cancel_stale(ingest, &event);
             }
         }
         EventOutcome::Recorded { status, changed } => {
@@ -453,9 +479,198 @@ async fn handle_event(
             }
             if status.is_terminal() || *status == TaskStatus::Pending {
                 // A slot freed up, or the task needs a new home.
-                shared.wake_scheduler.notify_one();
+                ingest.wake_scheduler.notify_one();
             }
         }
     }
     Ok(Handled::Event(outcome))
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+mod tests {
+    //! Ingest applying each kind of message to a real store and registry,
+    //! without a broker: the client's event loop is never polled, so its
+    //! replies wait in its queue.
+
+    use starling_proto::{encode, NodeState, SignedReport, Status, TaskId};
+
+    use super::*;
+    use crate::registry::tests::{capability, telemetry};
+
+    const NODE: &str = "pi-1";
+
+    fn key() -> ed25519_dalek::SigningKey {
+        ed25519_dalek::SigningKey::from_bytes(&[9; 32])
+    }
+
+    fn node() -> NodeId {
+        NodeId::new(NODE).unwrap()
+    }
+
+    /// An ingest handle over a fresh SQLite store, with `NODE` keyed; the
+    /// event loop is returned so the client's queue stays open.
+    async fn ingest(dir: &std::path::Path) -> (Ingest, rumqttc::EventLoop) {
+        let url = format!("sqlite://{}", dir.join("ingest.db").display());
+        let store = Store::open(&url).await.unwrap();
+        let access = Arc::new(MqttAccess::new(crate::access::INTERNAL_MQTT_USER));
+        access.replace(&[crate::store::access::NodeCredentialRow {
+            node_id: NODE.into(),
+            password_sha256: String::new(),
+            mosquitto_hash: String::new(),
+            created_ms: 1,
+            revoked_ms: None,
+            report_key: Some(hex::encode(key().verifying_key().to_bytes())),
+        }]);
+        let (mqtt, eventloop) =
+            rumqttc::AsyncClient::new(rumqttc::MqttOptions::new("test", "127.0.0.1", 1), 64);
+        let handle = Ingest {
+            store,
+            registry: Arc::new(NodeRegistry::new()),
+            topics: starling_proto::Topics::default(),
+            mqtt,
+            access,
+            report_marks: Arc::new(std::sync::Mutex::new(ReportMarks::default())),
+            accept_unsigned_reports: false,
+            max_attempts: 3,
+            wake_scheduler: Arc::new(tokio::sync::Notify::new()),
+            broker_up_since_ms: Arc::new(std::sync::atomic::AtomicU64::new(1)),
+            counters: Arc::new(Counters::default()),
+        };
+        (handle, eventloop)
+    }
+
+    fn signed<M: starling_proto::Message>(
+        channel: ReportChannel,
+        counter: u64,
+        message: &M,
+    ) -> Vec<u8> {
+        encode(&SignedReport::sign(
+            &key(),
+            node(),
+            channel,
+            counter,
+            encode(message).unwrap(),
+        ))
+        .unwrap()
+    }
+
+    fn topic(channel: Channel) -> String {
+        starling_proto::Topics::default().node(&node(), channel)
+    }
+
+    fn status(state: NodeState) -> Status {
+        Status {
+            v: PROTOCOL_VERSION,
+            node_id: node(),
+            state,
+        }
+    }
+
+    #[tokio::test]
+    async fn each_report_kind_changes_the_registry_once_and_forgeries_change_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let (ingest, _eventloop) = ingest(dir.path()).await;
+        let handle = |channel: Channel, payload: Vec<u8>| {
+            let ingest = ingest.clone();
+            async move { handle_message(&ingest, &topic(channel), &payload, false).await }
+        };
+
+        let mut own = capability(NODE);
+        own.cpu.cores = 4;
+        let registered = handle(
+            Channel::Capability,
+            signed(ReportChannel::Capability, 10, &own),
+        )
+        .await;
+        assert_eq!(
+            registered.unwrap(),
+            Handled::Registry(RegistryChange::NodeRegistered(node()))
+        );
+        // Its mark is durable: a restarted coordinator still refuses the replay.
+        assert_eq!(
+            ingest.store.report_marks().await.unwrap(),
+            [(NODE.to_string(), "capability".to_string(), 10)]
+        );
+
+        let sample = handle(
+            Channel::Telemetry,
+            signed(ReportChannel::Telemetry, 11, &telemetry(NODE, 1, 1_000)),
+        )
+        .await;
+        assert_eq!(
+            sample.unwrap(),
+            Handled::Registry(RegistryChange::TelemetryUpdated(node()))
+        );
+        let online = handle(
+            Channel::Status,
+            signed(ReportChannel::Status, 12, &status(NodeState::Online)),
+        )
+        .await;
+        assert!(matches!(online.unwrap(), Handled::Registry(_)));
+
+        // Forgeries: unsigned, replayed, another node's key; none changes
+        // what the registry holds of the node.
+        let mut big = capability(NODE);
+        big.cpu.cores = 64;
+        let forged_key = ed25519_dalek::SigningKey::from_bytes(&[1; 32]);
+        let other_key = encode(&SignedReport::sign(
+            &forged_key,
+            node(),
+            ReportChannel::Capability,
+            50,
+            encode(&big).unwrap(),
+        ))
+        .unwrap();
+        for forged in [
+            encode(&big).unwrap(),
+            signed(ReportChannel::Capability, 10, &big),
+            other_key,
+        ] {
+            let refused = handle(Channel::Capability, forged).await;
+            assert!(
+                matches!(refused, Err(IngestError::Refused(_))),
+                "{refused:?}"
+            );
+        }
+        assert_eq!(
+            ingest
+                .registry
+                .read()
+                .get(&node())
+                .unwrap()
+                .capability
+                .cpu
+                .cores,
+            4
+        );
+
+        // The last will takes the node offline; an event for a task the
+        // coordinator does not know is refused after its acknowledgement.
+        let will = handle(
+            Channel::Status,
+            signed(ReportChannel::Will, 5, &status(NodeState::Offline)),
+        )
+        .await;
+        assert_eq!(
+            will.unwrap(),
+            Handled::Registry(RegistryChange::NodeOffline(node()))
+        );
+        let unknown = TaskEvent::state(
+            TaskId::new("no-such-task").unwrap(),
+            1,
+            node(),
+            TaskState::Running,
+        );
+        let refused = handle(Channel::Events, signed(ReportChannel::Events, 13, &unknown)).await;
+        assert!(
+            matches!(refused, Err(IngestError::UnknownTask { .. })),
+            "{refused:?}"
+        );
+        // An empty message (a cleared retained topic) changes nothing.
+        assert_eq!(
+            handle(Channel::Capability, Vec::new()).await.unwrap(),
+            Handled::Cleared
+        );
+    }
 }

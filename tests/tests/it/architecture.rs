@@ -284,6 +284,37 @@ fn the_coordinator_names_http_mqtt_and_sql_only_in_their_rooms() {
     assert!(strays.is_empty(), "{strays:#?}");
 }
 
+/// The modules that may name `Shared`, the REST router's state: the wiring
+/// that builds it (and the crate root, module ""), the router and its
+/// handlers, and access control (which
+/// the handlers and `starling up` call). Every loop, ingest and the
+/// federation's loops get narrow handles instead.
+const SHARED_ROOMS: &[&str] = &["", "app", "access", "http"];
+
+#[test]
+fn only_the_router_and_the_wiring_reach_through_shared() {
+    let mut strays = Vec::new();
+    for (path, text) in sources(&workspace().join("coordinator/src")) {
+        let Some(module) = module_of(&path) else {
+            continue;
+        };
+        let code = production_code(&text);
+        let named = code.match_indices("Shared").any(|(at, _)| {
+            let before = code[..at].chars().last();
+            let after = code[at + "Shared".len()..].chars().next();
+            !before.is_some_and(|c| c.is_ascii_alphanumeric() || c == '_')
+                && !after.is_some_and(|c| c.is_ascii_alphanumeric() || c == '_')
+        });
+        let inside = SHARED_ROOMS
+            .iter()
+            .any(|room| module == *room || module.starts_with(&format!("{room}::")));
+        if named && !inside {
+            strays.push(format!("{} names Shared", path.display()));
+        }
+    }
+    assert!(strays.is_empty(), "{strays:#?}");
+}
+
 /// Crates of the server side that a client-only `starling` must not link.
 const SERVER_CRATES: &[&str] = &[
     "wasmtime",

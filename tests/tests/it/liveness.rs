@@ -9,8 +9,8 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use starling_proto::{
-    encode, Capability, Channel, CpuInfo, LinkState, NodeId, NodeState, Runtime, Status, Telemetry,
-    Topics, PROTOCOL_VERSION,
+    encode, Capability, Channel, CpuInfo, LinkState, NodeId, NodeState, ReportChannel, Runtime,
+    SignedReport, Status, Telemetry, Topics, PROTOCOL_VERSION,
 };
 use starling_tests::{modules, wasm_file, Agent, Coordinator, Mosquitto, Store};
 
@@ -119,6 +119,67 @@ fn one_forged_telemetry_sample_does_not_keep_a_node_offline() {
     );
 }
 
+/// A node enrolled with its own report key (made here, as an agent makes
+/// its own), signing what it publishes with a rising counter.
+struct Signer {
+    node: NodeId,
+    key: ed25519_dalek::SigningKey,
+    counter: u64,
+}
+
+impl Signer {
+    fn enroll(coordinator: &Coordinator, node: &str) -> Self {
+        let key = ed25519_dalek::SigningKey::from_bytes(&[0x42; 32]);
+        let public: String = key
+            .verifying_key()
+            .to_bytes()
+            .iter()
+            .map(|byte| format!("{byte:02x}"))
+            .collect();
+        let body = serde_json::json!({
+            "join_token": coordinator.join_token(),
+            "node_id": node,
+            "report_key": public,
+        });
+        let url = format!("{}/api/v1/enroll", coordinator.rest);
+        let status = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap()
+            .block_on(async {
+                reqwest::Client::new()
+                    .post(url)
+                    .json(&body)
+                    .send()
+                    .await
+                    .unwrap()
+                    .status()
+            });
+        assert!(status.is_success(), "enrolling {node}: {status}");
+        let counter = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_micros() as u64;
+        Self {
+            node: NodeId::new(node).unwrap(),
+            key,
+            counter,
+        }
+    }
+
+    fn seal<M: starling_proto::Message>(&mut self, channel: ReportChannel, message: &M) -> Vec<u8> {
+        self.counter += 1;
+        encode(&SignedReport::sign(
+            &self.key,
+            self.node.clone(),
+            channel,
+            self.counter,
+            encode(message).unwrap(),
+        ))
+        .unwrap()
+    }
+}
+
 /// A node that says it is online, advertises wasm, and whose telemetry
 /// lists no attempt, whatever it is sent: it never runs anything.
 struct HollowNode {
@@ -127,8 +188,9 @@ struct HollowNode {
 }
 
 impl HollowNode {
-    fn start(port: u16, node: &str) -> Self {
+    fn start(coordinator: &Coordinator, port: u16, node: &str) -> Self {
         let id = NodeId::new(node).unwrap();
+        let mut signer = Signer::enroll(coordinator, node);
         let topics = Topics::default();
         let mut capability = Capability {
             v: PROTOCOL_VERSION,
@@ -155,7 +217,7 @@ impl HollowNode {
             port,
             None,
             &topics.node(&id, Channel::Capability),
-            &encode(&capability).unwrap(),
+            &signer.seal(ReportChannel::Capability, &capability),
             true,
         );
         let status = Status {
@@ -167,7 +229,7 @@ impl HollowNode {
             port,
             None,
             &topics.node(&id, Channel::Status),
-            &encode(&status).unwrap(),
+            &signer.seal(ReportChannel::Status, &status),
             true,
         );
         let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
@@ -183,7 +245,7 @@ impl HollowNode {
             {
                 seq += 1;
                 let uptime = started.elapsed().as_millis() as u64;
-                let sample = encode(&telemetry(&node, seq, uptime)).unwrap();
+                let sample = signer.seal(ReportChannel::Telemetry, &telemetry(&node, seq, uptime));
                 publish_as(port, None, &topic, &sample, false);
                 std::thread::sleep(Duration::from_millis(300));
             }
@@ -214,7 +276,7 @@ fn an_attempt_its_online_node_does_not_hold_ends_instead_of_staying_assigned() {
         // The attempt grace is six node timeouts: 6 s here.
         &["--node-timeout", "1s"],
     );
-    let _hollow = HollowNode::start(broker.port, "hollow");
+    let _hollow = HollowNode::start(&coordinator, broker.port, "hollow");
     coordinator.wait_for_nodes(1, Duration::from_secs(30));
     let dir = tempfile::tempdir().unwrap();
     let echo = wasm_file(dir.path(), "echo", modules::ECHO);

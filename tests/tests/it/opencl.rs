@@ -16,7 +16,16 @@ use starling_tests::{
 fn cluster() -> (Mosquitto, Coordinator, Agent, serde_json::Value) {
     let broker = Mosquitto::start();
     let coordinator = Coordinator::start(Some(&broker.url), Store::Sqlite, &[]);
-    let agent = Agent::start(&coordinator, &broker.url, "gpu-node", "");
+    // The node's memory cap is raised past its RAM: the tests here ask for
+    // the whole device, to reach the OpenCL limits behind the cap.
+    let agent = Agent::start_with(
+        &coordinator,
+        &broker.url,
+        "gpu-node",
+        "",
+        None,
+        &["--max-task-memory", "1024GiB"],
+    );
     coordinator.wait_for_nodes(1, Duration::from_secs(60));
     let out = coordinator.cli(&["node", "gpu-node"], None);
     assert!(
