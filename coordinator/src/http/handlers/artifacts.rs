@@ -18,6 +18,21 @@ use crate::http::json_body;
 use crate::task::unix_now_ms;
 use crate::Shared;
 
+/// The OpenCL package as the OpenAPI document shows it: a JSON object
+/// (`starling-opencl/1`), checked in full by `starling_opencl::Package`.
+/// Only the document uses this type; uploads are parsed as bytes.
+#[derive(utoipa::ToSchema)]
+#[allow(dead_code)] // a schema, never built: the handlers take bytes
+pub(crate) struct OpenClPackage {
+    /// Always `starling-opencl/1`.
+    format: String,
+    /// The kernel's OpenCL C source.
+    source: String,
+    /// The kernel's name, work size, device and arguments.
+    #[schema(value_type = Object)]
+    spec: serde_json::Value,
+}
+
 /// Checks that bytes are a valid WebAssembly module, saying why not.
 pub fn validate_wasm(bytes: &[u8]) -> Result<(), String> {
     if !bytes.starts_with(b"\0asm") {
@@ -61,7 +76,7 @@ pub fn validate_artifact(bytes: &[u8]) -> Result<Runtime, HttpError> {
     security((), ("bearer" = [])),
     request_body(content(
         (Vec<u8> = "application/wasm"),
-        (Vec<u8> = "application/vnd.starling.opencl+json")
+        (OpenClPackage = "application/vnd.starling.opencl+json")
     ), description = "The module's bytes, or the OpenCL package"),
     responses(
         (status = 201, description = "Stored (or already stored)", body = ArtifactStored),
@@ -185,7 +200,7 @@ pub(crate) fn parse_digest(text: &str) -> Result<Digest, HttpError> {
     responses(
         (status = 200, description = "The artifact as uploaded: a WebAssembly module, or an OpenCL package", content(
             (Vec<u8> = "application/wasm"),
-            (Vec<u8> = "application/vnd.starling.opencl+json")
+            (OpenClPackage = "application/vnd.starling.opencl+json")
         )),
         (status = 400, description = "Not a digest", body = ApiError),
         (status = 404, description = "No such artifact", body = ApiError)
