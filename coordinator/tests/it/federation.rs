@@ -44,12 +44,8 @@ fn forward(origin_task: &str, artifact: &str) -> Value {
     })
 }
 
-async fn get_json(http: &reqwest::Client, url: &str) -> Value {
-    http.get(url).send().await.unwrap().json().await.unwrap()
-}
-
 async fn task_count(http: &reqwest::Client, rest: &str) -> usize {
-    let list = get_json(http, &format!("{rest}/api/v1/tasks")).await;
+    let list = common::get_json(http, &format!("{rest}/api/v1/tasks")).await;
     list["tasks"].as_array().unwrap().len()
 }
 
@@ -65,7 +61,7 @@ async fn forwards_need_the_peer_token_are_idempotent_and_refusals_store_nothing(
     let rest = running.rest_url();
     let http = reqwest::Client::new();
 
-    let sites = get_json(&http, &format!("{rest}/api/v1/sites")).await;
+    let sites = common::get_json(&http, &format!("{rest}/api/v1/sites")).await;
     assert_eq!(sites["federated"], true);
     assert_eq!(sites["site"], "site-x");
     assert_eq!(sites["sites"][0]["state"], "self");
@@ -113,7 +109,7 @@ async fn forwards_need_the_peer_token_are_idempotent_and_refusals_store_nothing(
     }
     assert_eq!(ids[0], ids[1]);
     assert_eq!(task_count(&http, &rest).await, 1);
-    let task = get_json(&http, &format!("{rest}/api/v1/tasks/{}", ids[0])).await;
+    let task = common::get_json(&http, &format!("{rest}/api/v1/tasks/{}", ids[0])).await;
     assert_eq!(task["origin_site"], "site-home");
     let status: Value = http
         .get(format!("{url}/site-home/t1"))
@@ -187,7 +183,7 @@ async fn a_coordinator_that_does_not_federate_says_so() {
     let running = common::start_coordinator(dir.path(), |_| {}).await;
     let rest = running.rest_url();
     let http = reqwest::Client::new();
-    let sites = get_json(&http, &format!("{rest}/api/v1/sites")).await;
+    let sites = common::get_json(&http, &format!("{rest}/api/v1/sites")).await;
     assert_eq!(sites["federated"], false);
     let response = http
         .post(format!("{rest}/api/v1/federation/tasks"))
@@ -239,7 +235,7 @@ async fn a_forward_is_recorded_once_and_a_late_answer_after_take_back_is_ignored
     assert_eq!(store.open_forwards(10).await.unwrap().len(), 1);
     assert!(store.finish_forward(id, 1, &done, 2).await.unwrap());
     assert!(!store.finish_forward(id, 1, &done, 3).await.unwrap());
-    let task = get_json(&http, &format!("{rest}/api/v1/tasks/{id}")).await;
+    let task = common::get_json(&http, &format!("{rest}/api/v1/tasks/{id}")).await;
     assert_eq!(task["state"], "succeeded", "{task:#}");
     assert_eq!(task["site"], "site-y");
     assert_eq!(task["site_node"], "node-y");
@@ -274,7 +270,7 @@ async fn a_forward_is_recorded_once_and_a_late_answer_after_take_back_is_ignored
         store.abandoned_sites(id).await.unwrap(),
         vec!["site-y".to_string()]
     );
-    let task = get_json(&http, &format!("{rest}/api/v1/tasks/{id}")).await;
+    let task = common::get_json(&http, &format!("{rest}/api/v1/tasks/{id}")).await;
     assert_eq!(task["state"], "pending", "{task:#}");
     assert!(task.get("site").is_none(), "{task:#}");
     assert!(task["attempts"]
@@ -346,7 +342,7 @@ async fn the_forwarder_takes_back_work_at_a_site_that_is_not_alive() {
         || {
             let (http, url) = (http.clone(), url.clone());
             async move {
-                let task = get_json(&http, &url).await;
+                let task = common::get_json(&http, &url).await;
                 let lost = task["attempts"].as_array()?.iter().any(|a| {
                     a["site"] == "site-gone" && a["node_id"].is_null() && a["state"] == "lost"
                 });
@@ -490,7 +486,7 @@ async fn no_node_owns_a_forwarded_attempt() {
             "{node} after the take-back"
         );
     }
-    let task = get_json(&http, &format!("{rest}/api/v1/tasks/{id}")).await;
+    let task = common::get_json(&http, &format!("{rest}/api/v1/tasks/{id}")).await;
     assert_eq!(task["state"], "pending", "{task:#}");
     assert!(task["output_text"].is_null(), "{task:#}");
     // The REST view shows where the attempt went: the site, no node.

@@ -18,10 +18,6 @@ use starling_proto::{
 
 const NODE: &str = "edge-b";
 
-async fn get_json(http: &reqwest::Client, url: &str) -> Value {
-    http.get(url).send().await.unwrap().json().await.unwrap()
-}
-
 /// The `starling_reports_refused_total` count for `reason`.
 async fn refused(http: &reqwest::Client, rest: &str, reason: &str) -> u64 {
     let text = http
@@ -144,7 +140,7 @@ async fn forged_reports_are_refused_and_counted_on_a_broker_that_lets_anyone_pub
     let nodes_url = format!("{rest}/api/v1/nodes/{NODE}");
     common::eventually(Duration::from_secs(10), "edge-b online", || {
         let (http, url) = (http.clone(), nodes_url.clone());
-        async move { (get_json(&http, &url).await["online"] == true).then_some(()) }
+        async move { (common::get_json(&http, &url).await["online"] == true).then_some(()) }
     })
     .await;
 
@@ -181,7 +177,7 @@ async fn forged_reports_are_refused_and_counted_on_a_broker_that_lets_anyone_pub
     let task_url = format!("{rest}/api/v1/tasks/{id}");
     common::eventually(Duration::from_secs(10), "task running", || {
         let (http, url) = (http.clone(), task_url.clone());
-        async move { (get_json(&http, &url).await["state"] == "running").then_some(()) }
+        async move { (common::get_json(&http, &url).await["state"] == "running").then_some(()) }
     })
     .await;
     // What the attacker overheard of B: a signed telemetry sample.
@@ -259,9 +255,9 @@ async fn forged_reports_are_refused_and_counted_on_a_broker_that_lets_anyone_pub
 
     // Nothing the attacker said took effect: the task still runs on B, B is
     // online with its own capability.
-    let task = get_json(&http, &task_url).await;
+    let task = common::get_json(&http, &task_url).await;
     assert_eq!(task["state"], "running", "{task}");
-    let shown = get_json(&http, &nodes_url).await;
+    let shown = common::get_json(&http, &nodes_url).await;
     assert_eq!(shown["online"], true, "{shown}");
     assert_eq!(shown["capability"]["cpu"]["cores"], 4, "{shown}");
 
@@ -285,7 +281,7 @@ async fn forged_reports_are_refused_and_counted_on_a_broker_that_lets_anyone_pub
     let finished = common::eventually(Duration::from_secs(10), "task succeeded", || {
         let (http, url) = (http.clone(), task_url.clone());
         async move {
-            let task = get_json(&http, &url).await;
+            let task = common::get_json(&http, &url).await;
             (task["state"] == "succeeded").then_some(task)
         }
     })
@@ -297,7 +293,7 @@ async fn forged_reports_are_refused_and_counted_on_a_broker_that_lets_anyone_pub
     common::stand_in_agent(&mqtt, "dev-1").await;
     common::eventually(Duration::from_secs(10), "dev-1 listed", || {
         let (http, url) = (http.clone(), format!("{rest}/api/v1/nodes/dev-1"));
-        async move { (get_json(&http, &url).await["id"] == "dev-1").then_some(()) }
+        async move { (common::get_json(&http, &url).await["id"] == "dev-1").then_some(()) }
     })
     .await;
     running.shutdown().await;

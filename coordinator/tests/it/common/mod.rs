@@ -25,6 +25,11 @@ pub async fn upload(http: &reqwest::Client, rest: &str, bytes: Vec<u8>) -> serde
     post(http.post(format!("{rest}/api/v1/artifacts")).body(bytes)).await
 }
 
+/// GETs `url` and returns its JSON body.
+pub async fn get_json(http: &reqwest::Client, url: &str) -> serde_json::Value {
+    http.get(url).send().await.unwrap().json().await.unwrap()
+}
+
 /// Submits a task over REST and returns the JSON answer.
 pub async fn submit(
     http: &reqwest::Client,
