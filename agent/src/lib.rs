@@ -9,13 +9,15 @@
 //! bounds the limits a task may ask for on this node; [`artifact`] fetches
 //! and caches modules by digest; [`wasm`] runs them under limits; [`mod@probe`]
 //! and [`telemetry`] describe the device; [`config`] merges flags,
-//! environment, file and defaults.
+//! environment, file and defaults; [`join`] finds the join file a flashed
+//! device enrolls with.
 
 pub mod agent;
 pub mod artifact;
 pub mod caps;
 pub mod config;
 pub mod enroll;
+pub mod join;
 pub mod journal;
 pub mod private_file;
 pub mod probe;

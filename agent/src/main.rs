@@ -25,6 +25,9 @@ Examples:
       --coordinator-url http://10.0.0.2:8080 --join-token $(starling token create)
       Enroll once with a join token (credentials are kept in <data-dir>/credentials.json,
       mode 0600; later starts need no token) and connect over TLS.
+  starling-agent join --coordinator-url http://10.0.0.2:8080 --join-token TOKEN \\
+      --coordinator-key KEY
+      On a device with the starling-agent package: write the join file the service waits for.
   starling-agent run --allow-grant clock,random
       Let wasm tasks whose manifest asks for them read the real clock and real random bytes.
 
@@ -63,6 +66,35 @@ enum Command {
     Run(Settings),
     /// Print this device's capability report (the retained MQTT message) as JSON.
     Probe(Settings),
+    /// Write a join file that the packaged agent picks up and enrolls with (run as root
+    /// after installing the package; the file goes to the agent's user, mode 0600).
+    Join(JoinArgs),
+}
+
+#[derive(Debug, Args)]
+struct JoinArgs {
+    /// The coordinator's REST URL.
+    #[arg(long, value_name = "URL")]
+    coordinator_url: String,
+    /// A join token from `starling token create`.
+    #[arg(long, value_name = "TOKEN")]
+    join_token: String,
+    /// The coordinator's ed25519 public key, 64 hex digits (`starling token create` prints it).
+    #[arg(long, value_name = "HEX")]
+    coordinator_key: String,
+    /// The node id [default: derived from the host name and /etc/machine-id].
+    #[arg(long, value_name = "ID")]
+    node_id: Option<String>,
+    /// The MQTT broker [default: the coordinator's host, port 1884].
+    #[arg(long, value_name = "URL")]
+    broker: Option<String>,
+    /// Where to write it; it takes the owner of the directory it is in.
+    #[arg(
+        long,
+        value_name = "FILE",
+        default_value = "/var/lib/starling/join.toml"
+    )]
+    file: PathBuf,
 }
 
 #[derive(Debug, Args)]
@@ -122,6 +154,16 @@ struct Settings {
         hide_env_values = true
     )]
     join_token: Option<String>,
+    /// A join file (starling.toml: coordinator-url, coordinator-key, join-token) to read at
+    /// start; repeat for places to look in order. Until the node is enrolled the agent waits
+    /// for one, and removes the token from it after enrolling.
+    #[arg(
+        long = "join-file",
+        env = "STARLING_JOIN_FILES",
+        value_name = "FILE",
+        value_delimiter = ','
+    )]
+    join_files: Vec<PathBuf>,
     /// Largest memory limit a task may have on this node, like 2GiB; a task
     /// asking for more is refused and placed elsewhere [default: half the device's memory].
     #[arg(long, env = "STARLING_MAX_TASK_MEMORY", value_name = "SIZE")]
@@ -188,8 +230,8 @@ struct Settings {
 
 impl Settings {
     /// Flags and environment (clap has already applied that precedence), then
-    /// the file, then the defaults.
-    fn resolve(&self) -> anyhow::Result<AgentConfig> {
+    /// the join file's layer when there is one, then the file, then the defaults.
+    fn resolve(&self, join: Option<ConfigLayer>) -> anyhow::Result<AgentConfig> {
         let labels = self
             .labels
             .as_deref()
@@ -274,6 +316,7 @@ impl Settings {
             ..ConfigLayer::default()
         };
         let mut layers = vec![flags];
+        layers.extend(join);
         if let Some(path) = &self.config {
             layers.push(ConfigLayer::from_file(path)?);
         }
@@ -303,7 +346,7 @@ fn main() -> std::process::ExitCode {
 fn execute(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Command::Probe(settings) => {
-            let config = settings.resolve()?;
+            let config = settings.resolve(None)?;
             let mut capability = starling_agent::probe(&config)?;
             let runtime = tokio::runtime::Builder::new_current_thread()
                 .enable_all()
@@ -316,22 +359,112 @@ fn execute(cli: Cli) -> anyhow::Result<()> {
             Ok(())
         }
         Command::Run(settings) => {
-            let mut config = settings.resolve()?;
             let runtime = tokio::runtime::Builder::new_multi_thread()
                 .enable_all()
                 .build()
                 .context("cannot start the async runtime")?;
             runtime.block_on(async {
                 let shutdown = shutdown_signal()?;
+                tokio::pin!(shutdown);
+                // Waiting for a join file must not outlive a stop request.
+                let resolved = tokio::select! {
+                    resolved = resolve_with_join_file(&settings) => Some(resolved?),
+                    () = &mut shutdown => None,
+                };
+                let Some((mut config, joined_from)) = resolved else {
+                    return anyhow::Ok(());
+                };
+                let used_token = config.join_token.is_some();
                 starling_agent::enroll::prepare(&mut config)
                     .await
                     .context("cannot set up this node's credentials")?;
+                if let Some(path) = joined_from.filter(|_| used_token) {
+                    forget_token(&path);
+                }
                 starling_agent::run(config, shutdown).await?;
                 anyhow::Ok(())
             })?;
             Ok(())
         }
+        Command::Join(args) => write_join_file(&args),
     }
+}
+
+/// The configuration to run with, and the join file it came from. With
+/// `--join-file` paths and no credentials yet, waits for a join file; once
+/// enrolled, a join file still gives the broker and coordinator, and a bad one
+/// is logged and left out (the credentials are what the node needs).
+async fn resolve_with_join_file(
+    settings: &Settings,
+) -> anyhow::Result<(AgentConfig, Option<PathBuf>)> {
+    use starling_agent::join::{self, Lookup};
+    let config = settings.resolve(None)?;
+    if settings.join_files.is_empty() {
+        return Ok((config, None));
+    }
+    let enrolled = starling_agent::enroll::credentials_path(&config).exists();
+    let found = if enrolled || config.join_token.is_some() {
+        match join::look(&settings.join_files) {
+            Lookup::Found { path, file } => Some((path, file)),
+            Lookup::Absent => None,
+            Lookup::Bad(error) => {
+                tracing::warn!("{error}; starting without it");
+                None
+            }
+        }
+    } else {
+        Some(join::wait(&settings.join_files, join::POLL_INTERVAL).await)
+    };
+    let Some((path, file)) = found else {
+        return Ok((config, None));
+    };
+    tracing::info!(path = %path.display(), "using the join file");
+    let layer = join::layer(&file).with_context(|| format!("in {}", path.display()))?;
+    Ok((settings.resolve(Some(layer))?, Some(path)))
+}
+
+/// Removes the join token from the file it came from, now that the node is
+/// enrolled (or was already: a token left by a crash is removed too). A
+/// failure is logged, not fatal: the token is single-use on the coordinator.
+fn forget_token(path: &std::path::Path) {
+    match starling_agent::join::remove_token(path) {
+        Ok(true) => {
+            tracing::info!(path = %path.display(), "enrolled; removed the join token from the join file")
+        }
+        Ok(false) => {}
+        Err(error) => tracing::warn!("{error}; remove the join-token line by hand"),
+    }
+}
+
+/// `starling-agent join`: checks the settings as the agent will, and writes
+/// them where the packaged agent looks, owned like the directory they go in.
+fn write_join_file(args: &JoinArgs) -> anyhow::Result<()> {
+    let file = starling_net::JoinFile {
+        coordinator_url: args.coordinator_url.clone(),
+        coordinator_key: args.coordinator_key.clone(),
+        join_token: Some(args.join_token.clone()),
+        node_id: args.node_id.clone(),
+        broker: args.broker.clone(),
+    };
+    let text = file.render()?;
+    let dir = args
+        .file
+        .parent()
+        .filter(|d| !d.as_os_str().is_empty())
+        .unwrap_or(std::path::Path::new("."));
+    std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+    let owner = {
+        use std::os::unix::fs::MetadataExt;
+        let meta =
+            std::fs::metadata(dir).with_context(|| format!("cannot read {}", dir.display()))?;
+        (meta.uid(), meta.gid())
+    };
+    starling_agent::join::replace(&args.file, &text, Some(owner))?;
+    eprintln!(
+        "starling-agent: wrote {}; the agent enrolls with it within seconds (journalctl -u starling-agent)",
+        args.file.display()
+    );
+    Ok(())
 }
 
 /// Resolves on Ctrl-C or SIGTERM (systemd's stop).

@@ -52,6 +52,9 @@ Examples:
   starling task 0190c3e4-…                        one task: state, node, output, why it went there
   starling cancel 0190c3e4-…
   starling token create --ttl 1h --uses 3         a join token for enrolling up to 3 agents (operator)
+  starling image configure starling-arm64.img --coordinator-url http://10.0.0.2:7878 \\
+      --join-token stj_… --coordinator-key 3f…e1
+                                                  a flashable image that enrolls by itself
   starling node revoke pi-7                       shut a node out: broker login, messages, its tasks move
   starling api-token create --role developer --name ci
                                                   a bearer token for CI (admin); shown once
@@ -148,6 +151,12 @@ pub enum Command {
         #[arg(long, value_name = "KEY_FILE")]
         sign_with: Option<PathBuf>,
     },
+    /// Device images (operator, offline): write the join file a flashed device enrolls with.
+    Image {
+        /// What to do.
+        #[command(subcommand)]
+        action: ImageAction,
+    },
     /// Sign a published artifact with a publisher key, so nodes that trust the key
     /// (`starling-agent --trusted-publisher`) run it.
     ///
@@ -227,6 +236,37 @@ pub enum TokenAction {
         /// How many agents may enroll with it.
         #[arg(long, default_value_t = 1, value_name = "N")]
         uses: u32,
+    },
+}
+
+/// `starling image` actions.
+#[derive(Debug, Subcommand)]
+pub enum ImageAction {
+    /// Write starling.toml (coordinator, key, join token) into an image's FAT boot partition,
+    /// without mounting it (mtools), before flashing it with `bmaptool copy` or `dd`. Every
+    /// device flashed from the image enrolls once with the token (use --uses N) under a node
+    /// id derived from its /etc/machine-id, then removes the token from its card.
+    ///
+    /// Example: starling image configure starling-arm64.img --coordinator-url
+    /// http://10.0.0.2:8080 --join-token stj_… --coordinator-key 3f…e1
+    Configure {
+        /// The raw disk image (from deploy/image/build).
+        image: PathBuf,
+        /// The coordinator's REST URL as the devices reach it.
+        #[arg(long, value_name = "URL")]
+        coordinator_url: String,
+        /// A join token from `starling token create`.
+        #[arg(long, value_name = "TOKEN")]
+        join_token: String,
+        /// The coordinator's ed25519 public key, 64 hex digits (`starling token create` prints it).
+        #[arg(long, value_name = "HEX")]
+        coordinator_key: String,
+        /// The node id, for an image meant for one device [default: from /etc/machine-id].
+        #[arg(long, value_name = "ID")]
+        node_id: Option<String>,
+        /// The MQTT broker [default: the coordinator's host, port 1884].
+        #[arg(long, value_name = "URL")]
+        broker: Option<String>,
     },
 }
 
@@ -477,6 +517,38 @@ async fn dispatch(cli: &Cli, client: &Client) -> Result<i32, CliError> {
                 print_json(&signature)?;
             } else {
                 println!("{digest} signed by publisher {}", signature.key);
+            }
+            Ok(EXIT_OK)
+        }
+        Command::Image {
+            action:
+                ImageAction::Configure {
+                    image,
+                    coordinator_url,
+                    join_token,
+                    coordinator_key,
+                    node_id,
+                    broker,
+                },
+        } => {
+            let file = starling_net::JoinFile {
+                coordinator_url: coordinator_url.clone(),
+                coordinator_key: coordinator_key.clone(),
+                join_token: Some(join_token.clone()),
+                node_id: node_id.clone(),
+                broker: broker.clone(),
+            };
+            let done = crate::image::configure(image, &file)
+                .map_err(|error| CliError::Usage(error.to_string()))?;
+            if cli.json {
+                print_json(&done)?;
+            } else {
+                println!(
+                    "wrote {} into partition {} of {}",
+                    done.file,
+                    done.partition,
+                    done.image.display()
+                );
             }
             Ok(EXIT_OK)
         }

@@ -6,6 +6,7 @@
 //! opencl3), for laptops and CI jobs that only publish and submit.
 
 pub mod command;
+pub mod image;
 pub mod manifest;
 pub mod publisher;
 #[cfg(feature = "up")]

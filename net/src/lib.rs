@@ -8,9 +8,11 @@
 //! no MQTT client.
 
 pub mod address;
+pub mod join_file;
 pub mod tls;
 pub mod units;
 
 pub use address::{BrokerAddress, BrokerUrlError};
+pub use join_file::{JoinFile, JoinFileError};
 pub use tls::{MqttTlsFiles, TlsError};
 pub use units::{parse_duration, parse_size, DurationError, SizeError};

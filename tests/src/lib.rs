@@ -850,6 +850,22 @@ impl Agent {
         )
     }
 
+    /// Starts an agent with exactly `args` (after `run`), its data directory
+    /// passed to `args` to place; for tests of how an agent finds its settings.
+    pub fn start_args(node_id: &str, args: impl FnOnce(&Path) -> Vec<std::ffi::OsString>) -> Self {
+        let dir = TempDir::new().unwrap();
+        let mut all: Vec<std::ffi::OsString> = vec!["run".into()];
+        all.extend(args(dir.path()));
+        let process = Self::spawn(node_id, None, &all, dir.path());
+        Self {
+            node_id: node_id.to_string(),
+            process,
+            dir,
+            netns: None,
+            args: all,
+        }
+    }
+
     fn start_at(
         coordinator: &Coordinator,
         rest: &str,

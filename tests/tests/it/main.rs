@@ -17,6 +17,7 @@ mod bad_input;
 mod end_to_end;
 mod faults;
 mod federation;
+mod first_boot;
 mod liveness;
 mod opencl;
 mod security;
