@@ -7,6 +7,12 @@
 //! wins). Without a file and without credentials the agent waits, saying once
 //! what it needs; a bad file gets one log line naming the key at fault, and
 //! the agent waits for the file to change.
+//!
+//! The agent itself never writes the boot partition: it holds the kernel and
+//! the firmware, and an agent that could rewrite them could own the device on
+//! its next boot. Before the agent starts, the unit runs [`import`] as root:
+//! it copies a join file that carries a token into the state directory (mode
+//! 0600, the agent's user) and removes the token from the boot partition.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -151,6 +157,49 @@ pub fn remove_token(path: &Path) -> Result<bool, JoinError> {
     Ok(true)
 }
 
+/// What [`import`] found and did.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Imported {
+    /// None of the paths holds a file.
+    Absent,
+    /// The first file found carries no token: nothing to move (it was
+    /// imported before, or only gives settings).
+    NoToken(PathBuf),
+    /// The file at `from` was copied into the state and its token removed.
+    Moved {
+        /// The boot partition's file, now without its token.
+        from: PathBuf,
+    },
+}
+
+/// Moves the first join file among `sources` that carries a token into
+/// `into` (written atomically, mode 0600, given to `owner`), then removes the
+/// token from the source. Copy first, remove second: a failure in between
+/// leaves the token in both places, never in neither. A bad file is an error
+/// naming the key and is left as it is, for the agent to report too.
+pub fn import(
+    sources: &[PathBuf],
+    into: &Path,
+    owner: Option<(u32, u32)>,
+) -> Result<Imported, JoinError> {
+    let (from, file) = match look(sources) {
+        Lookup::Absent => return Ok(Imported::Absent),
+        Lookup::Bad(error) => return Err(error),
+        Lookup::Found { path, file } => (path, file),
+    };
+    if file.join_token.is_none() {
+        return Ok(Imported::NoToken(from));
+    }
+    // The text as written, comments included, not a re-rendering.
+    let text = std::fs::read_to_string(&from).map_err(|source| JoinError::Read {
+        path: from.clone(),
+        source,
+    })?;
+    replace(into, &text, owner)?;
+    remove_token(&from)?;
+    Ok(Imported::Moved { from })
+}
+
 /// Writes `text` to `path` atomically with mode 0600 ([`private_file`]) and,
 /// when `owner` is given, that owner (uid, gid): `starling-agent join` runs as
 /// root and hands the file to the agent's user.
@@ -232,6 +281,51 @@ mod tests {
         // Nothing left behind beside it, and a second removal is a no-op.
         assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 1);
         assert!(!remove_token(&path).unwrap());
+    }
+
+    #[test]
+    fn import_moves_the_token_into_the_state_and_off_the_boot_partition() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let boot = dir.path().join("boot.toml");
+        let absent = dir.path().join("absent.toml");
+        let state = dir.path().join("state/join.toml");
+        std::fs::create_dir(dir.path().join("state")).unwrap();
+        let sources = [absent.clone(), boot.clone()];
+        assert_eq!(import(&sources, &state, None).unwrap(), Imported::Absent);
+
+        std::fs::write(&boot, good(true)).unwrap();
+        assert_eq!(
+            import(&sources, &state, None).unwrap(),
+            Imported::Moved { from: boot.clone() }
+        );
+        let moved = std::fs::read_to_string(&state).unwrap();
+        assert_eq!(moved, good(true), "copied as written, comments included");
+        let mode = std::fs::metadata(&state).unwrap().permissions().mode();
+        assert_eq!(mode & 0o777, 0o600);
+        let left = std::fs::read_to_string(&boot).unwrap();
+        assert!(!left.contains("stj_secret"), "{left}");
+        assert!(left.contains("coordinator-url"));
+
+        // A second start finds no token: the state keeps the one it has.
+        assert_eq!(
+            import(&sources, &state, None).unwrap(),
+            Imported::NoToken(boot.clone())
+        );
+        assert_eq!(std::fs::read_to_string(&state).unwrap(), good(true));
+    }
+
+    #[test]
+    fn import_refuses_a_bad_file_by_its_key_and_touches_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let boot = dir.path().join("boot.toml");
+        let state = dir.path().join("join.toml");
+        let bad = "coordinator-url = \"http://10.0.0.2:8080\"\ncoordinator-key = \"short\"\njoin-token = \"stj_secret\"\n";
+        std::fs::write(&boot, bad).unwrap();
+        let error = import(&[boot.clone()], &state, None).unwrap_err();
+        assert!(error.to_string().contains("coordinator-key"), "{error}");
+        assert_eq!(std::fs::read_to_string(&boot).unwrap(), bad);
+        assert!(!state.exists());
     }
 
     #[tokio::test]

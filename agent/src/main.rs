@@ -28,6 +28,9 @@ Examples:
   starling-agent join --coordinator-url http://10.0.0.2:8080 --join-token TOKEN \\
       --coordinator-key KEY
       On a device with the starling-agent package: write the join file the service waits for.
+  starling-agent import-join-file /boot/firmware/starling.toml
+      As root (the packaged unit does this before each start): move a flashed card's join
+      token into /var/lib/starling/join.toml and off the boot partition.
   starling-agent run --allow-grant clock,random
       Let wasm tasks whose manifest asks for them read the real clock and real random bytes.
 
@@ -69,6 +72,24 @@ enum Command {
     /// Write a join file that the packaged agent picks up and enrolls with (run as root
     /// after installing the package; the file goes to the agent's user, mode 0600).
     Join(JoinArgs),
+    /// Move the join token of the first join file found into the agent's state (run as root;
+    /// the packaged unit does it before each start), so the agent never writes the boot
+    /// partition. Exits 0 when there is nothing to move, 1 when the file is bad or unwritable.
+    ImportJoinFile(ImportArgs),
+}
+
+#[derive(Debug, Args)]
+struct ImportArgs {
+    /// The join files to look for, first found wins (the boot partition's starling.toml).
+    #[arg(required = true, value_name = "FILE")]
+    from: Vec<PathBuf>,
+    /// Where the file goes; it takes the owner of the directory it is in, mode 0600.
+    #[arg(
+        long,
+        value_name = "FILE",
+        default_value = "/var/lib/starling/join.toml"
+    )]
+    into: PathBuf,
 }
 
 #[derive(Debug, Args)]
@@ -387,6 +408,7 @@ fn execute(cli: Cli) -> anyhow::Result<()> {
             Ok(())
         }
         Command::Join(args) => write_join_file(&args),
+        Command::ImportJoinFile(args) => import_join_file(&args),
     }
 }
 
@@ -447,24 +469,54 @@ fn write_join_file(args: &JoinArgs) -> anyhow::Result<()> {
         broker: args.broker.clone(),
     };
     let text = file.render()?;
-    let dir = args
-        .file
-        .parent()
-        .filter(|d| !d.as_os_str().is_empty())
-        .unwrap_or(std::path::Path::new("."));
-    std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
-    let owner = {
-        use std::os::unix::fs::MetadataExt;
-        let meta =
-            std::fs::metadata(dir).with_context(|| format!("cannot read {}", dir.display()))?;
-        (meta.uid(), meta.gid())
-    };
+    let owner = owner_of_parent(&args.file)?;
     starling_agent::join::replace(&args.file, &text, Some(owner))?;
     eprintln!(
         "starling-agent: wrote {}; the agent enrolls with it within seconds (journalctl -u starling-agent)",
         args.file.display()
     );
     Ok(())
+}
+
+/// `starling-agent import-join-file`: moves a join token off the boot
+/// partition into the agent's state, saying what it did.
+fn import_join_file(args: &ImportArgs) -> anyhow::Result<()> {
+    use starling_agent::join::{self, Imported};
+    let owner = owner_of_parent(&args.into)?;
+    match join::import(&args.from, &args.into, Some(owner))? {
+        Imported::Absent => eprintln!(
+            "starling-agent: no join file at {}; nothing to import",
+            args.from
+                .iter()
+                .map(|p| p.display().to_string())
+                .collect::<Vec<_>>()
+                .join(" or ")
+        ),
+        Imported::NoToken(path) => eprintln!(
+            "starling-agent: {} carries no join token; nothing to import",
+            path.display()
+        ),
+        Imported::Moved { from } => eprintln!(
+            "starling-agent: moved the join file {} to {} and removed the token from {}",
+            from.display(),
+            args.into.display(),
+            from.display()
+        ),
+    }
+    Ok(())
+}
+
+/// The owner (uid, gid) of the directory `file` goes in, created if missing:
+/// a file written by root for the agent goes to the agent's user this way.
+fn owner_of_parent(file: &std::path::Path) -> anyhow::Result<(u32, u32)> {
+    use std::os::unix::fs::MetadataExt;
+    let dir = file
+        .parent()
+        .filter(|d| !d.as_os_str().is_empty())
+        .unwrap_or(std::path::Path::new("."));
+    std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+    let meta = std::fs::metadata(dir).with_context(|| format!("cannot read {}", dir.display()))?;
+    Ok((meta.uid(), meta.gid()))
 }
 
 /// Resolves on Ctrl-C or SIGTERM (systemd's stop).

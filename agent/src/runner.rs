@@ -404,8 +404,10 @@ impl Runner {
         }
         self.power_level
             .store(assignment.power_level, Ordering::SeqCst);
-        self.send(self.state_event(assignment, TaskState::Running));
+        // Counted before it is reported: whoever sees the Running event
+        // (telemetry, a test) must also see the execution it announces.
         self.counters.executions.fetch_add(1, Ordering::SeqCst);
+        self.send(self.state_event(assignment, TaskState::Running));
         None
     }
 

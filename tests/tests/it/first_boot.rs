@@ -4,7 +4,9 @@
 //! the token from it, and comes back after a restart on its credentials; a
 //! join file naming another coordinator's key enrolls nothing. And `starling
 //! image configure` writes the join file into a real FAT partition of a
-//! partitioned image. (`deploy/test` boots a real image under KVM.)
+//! partitioned image. The unit's root helper, `starling-agent
+//! import-join-file`, moves a card's token into the agent's state. (`deploy/test`
+//! boots a whole image under systemd-nspawn.)
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -141,6 +143,89 @@ fn a_new_device_waits_for_its_join_file_enrolls_and_forgets_the_token() {
         "{log}"
     );
     assert!(agent.process.is_running(), "{log}");
+}
+
+/// `starling-agent import-join-file FROM --into INTO`, as the unit runs it.
+fn import(from: &Path, into: &Path) -> std::process::Output {
+    Command::new(binary("starling-agent"))
+        .arg("import-join-file")
+        .arg(from)
+        .arg("--into")
+        .arg(into)
+        .output()
+        .unwrap()
+}
+
+#[test]
+fn the_units_root_helper_moves_the_token_off_the_card_and_the_agent_enrolls_from_its_copy() {
+    let _turn = crate::alongside();
+    let coordinator = Coordinator::start(None, Store::Sqlite, &[]);
+    let boot = tempfile::tempdir().unwrap();
+    let boot_file = boot.path().join("starling.toml");
+    // The packaged order: the agent's own copy first, then the card.
+    let card = boot_file.clone();
+    let mut agent = Agent::start_args("first-boot", move |dir| {
+        vec![
+            "--data-dir".into(),
+            dir.into(),
+            "--join-file".into(),
+            dir.join("join.toml").into(),
+            "--join-file".into(),
+            card.into(),
+            "--opencl".into(),
+            "false".into(),
+        ]
+    });
+    let copy = agent.dir.path().join("join.toml");
+    wait_for_log(&agent, "waiting for", Duration::from_secs(20));
+
+    // Nothing on the card: nothing to do, and that is no error.
+    let out = import(&boot_file, &copy);
+    assert!(out.status.success(), "{out:?}");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("nothing to import"));
+
+    // A bad card: exit 1 naming the key, and both places as they were.
+    let bad = "coordinator-url = \"http://127.0.0.1:1\"\ncoordinator-key = \"abc\"\njoin-token = \"stj_x\"\n";
+    std::fs::write(&boot_file, bad).unwrap();
+    let out = import(&boot_file, &copy);
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("coordinator-key"));
+    assert_eq!(std::fs::read_to_string(&boot_file).unwrap(), bad);
+    assert!(!copy.exists());
+
+    // A good card, as `starling image configure` or the operator wrote it:
+    // the token leaves the card before the agent has even used it.
+    let token = coordinator.join_token();
+    join(
+        &coordinator,
+        &boot_file,
+        &coordinator.coordinator_key(),
+        &token,
+    );
+    let out = import(&boot_file, &copy);
+    assert!(out.status.success(), "{out:?}");
+    let card_after = std::fs::read_to_string(&boot_file).unwrap();
+    assert!(!card_after.contains(&token), "{card_after}");
+    assert!(card_after.contains("coordinator-url"), "{card_after}");
+    {
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(&copy).unwrap().permissions().mode();
+        assert_eq!(mode & 0o777, 0o600, "the agent's copy holds the secret");
+    }
+
+    // The waiting agent enrolls from its copy and then forgets the token there.
+    let nodes = coordinator.wait_for_nodes(1, Duration::from_secs(30));
+    assert_eq!(nodes[0]["id"], "first-boot", "{nodes}");
+    wait_for_log(&agent, "removed the join token", Duration::from_secs(10));
+    let copy_after = std::fs::read_to_string(&copy).unwrap();
+    assert!(!copy_after.contains(&token), "{copy_after}");
+    assert!(agent.dir.path().join("credentials.json").exists());
+
+    // The next start's import finds no token on the card and changes nothing.
+    let out = import(&boot_file, &copy);
+    assert!(out.status.success(), "{out:?}");
+    assert_eq!(std::fs::read_to_string(&copy).unwrap(), copy_after);
+    assert!(agent.process.is_running(), "{}", agent.process.log());
 }
 
 #[test]
