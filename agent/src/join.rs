@@ -322,7 +322,7 @@ mod tests {
         let state = dir.path().join("join.toml");
         let bad = "coordinator-url = \"http://10.0.0.2:8080\"\ncoordinator-key = \"short\"\njoin-token = \"stj_secret\"\n";
         std::fs::write(&boot, bad).unwrap();
-        let error = import(&[boot.clone()], &state, None).unwrap_err();
+        let error = import(std::slice::from_ref(&boot), &state, None).unwrap_err();
         assert!(error.to_string().contains("coordinator-key"), "{error}");
         assert_eq!(std::fs::read_to_string(&boot).unwrap(), bad);
         assert!(!state.exists());

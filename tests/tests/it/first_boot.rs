@@ -6,7 +6,7 @@
 //! image configure` writes the join file into a real FAT partition of a
 //! partitioned image. The unit's root helper, `starling-agent
 //! import-join-file`, moves a card's token into the agent's state. (`deploy/test`
-//! boots a whole image under systemd-nspawn.)
+//! boots a whole image under qemu.)
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
