@@ -42,7 +42,8 @@ use tokio::sync::{mpsc, watch};
 use crate::artifact::{ArtifactStore, OpenStoreError};
 use crate::config::{AgentConfig, ConfigError};
 use crate::journal::{Journal, JournalError, JournalLimits};
-use crate::probe::{add_opencl, probe, probe_opencl, ProbeError};
+use crate::power::PowerLevels;
+use crate::probe::{add_opencl, probe_opencl, probe_power, probe_with_power, ProbeError};
 use crate::report_key::{ReportKeyError, ReportSealer};
 use crate::runner::Runner;
 use crate::session::{Action, Outgoing, Session};
@@ -209,9 +210,12 @@ pub async fn run(
     let verifier = verifier(&config, &node_id)?;
 
     let probe_config = config.clone();
-    let mut capability = tokio::task::spawn_blocking(move || probe(&probe_config))
-        .await
-        .map_err(|e| AgentError::Internal(format!("the probe thread failed: {e}")))??;
+    let power = probe_power(&config.sysfs_root);
+    let probe_power_copy = power.clone();
+    let mut capability =
+        tokio::task::spawn_blocking(move || probe_with_power(&probe_config, &probe_power_copy))
+            .await
+            .map_err(|e| AgentError::Internal(format!("the probe thread failed: {e}")))??;
     let opencl = probe_opencl(&config).await;
     if let Some(opencl) = &opencl {
         add_opencl(&mut capability, opencl);
@@ -326,7 +330,8 @@ pub async fn run(
             top_level,
             event_sender,
         )
-        .with_task_caps(config.task_caps.resolve()),
+        .with_task_caps(config.task_caps.resolve())
+        .with_power(Arc::new(PowerLevels::new(power.cpufreq, power.speeds))),
     );
     let counters = runner.counters();
     let mut io = Io {

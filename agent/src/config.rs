@@ -88,6 +88,9 @@ pub struct AgentConfig {
     /// The most memory, wall time and output one task may ask for here
     /// ([`crate::caps`]); unset caps are sized to the device.
     pub task_caps: CapSettings,
+    /// Where sysfs is (`/sys`): cpufreq, to apply power levels. Tests give a
+    /// directory shaped like it.
+    pub sysfs_root: PathBuf,
 }
 
 impl Default for AgentConfig {
@@ -122,6 +125,7 @@ impl Default for AgentConfig {
             allowed_grants: Grants::default(),
             trusted_publishers: Vec::new(),
             task_caps: CapSettings::default(),
+            sysfs_root: PathBuf::from("/sys"),
         }
     }
 }
@@ -473,6 +477,7 @@ impl AgentConfig {
             trusted_publishers: first(layers, |l| &l.trusted_publishers)
                 .unwrap_or(defaults.trusted_publishers),
             task_caps: CapSettings::merge(layers.iter().map(|l| &l.task_caps)),
+            sysfs_root: defaults.sysfs_root,
         };
         config.validate()?;
         Ok(config)

@@ -19,6 +19,7 @@ pub mod config;
 pub mod enroll;
 pub mod join;
 pub mod journal;
+pub mod power;
 pub mod private_file;
 pub mod probe;
 pub mod report_key;

@@ -144,6 +144,9 @@ struct Settings {
     /// Most tasks run at once; more wait in a queue [default: the number of CPU cores].
     #[arg(long, env = "STARLING_MAX_TASKS", value_name = "N")]
     max_tasks: Option<usize>,
+    /// Where sysfs is, for cpufreq (tests give a directory shaped like /sys).
+    #[arg(long, hide = true, value_name = "DIR")]
+    sysfs_root: Option<PathBuf>,
     /// Measure the data directory's disk with a short write and read at start.
     #[arg(long, env = "STARLING_MEASURE_IO", num_args = 0..=1, default_missing_value = "true",
           value_name = "BOOL")]
@@ -341,7 +344,11 @@ impl Settings {
         if let Some(path) = &self.config {
             layers.push(ConfigLayer::from_file(path)?);
         }
-        Ok(AgentConfig::from_layers(&layers)?)
+        let mut config = AgentConfig::from_layers(&layers)?;
+        if let Some(root) = &self.sysfs_root {
+            config.sysfs_root = root.clone();
+        }
+        Ok(config)
     }
 }
 

@@ -17,10 +17,12 @@ use starling_opencl::worker::WorkerClient;
 use starling_proto::limits::{MAX_DISKS, MAX_GPUS, MAX_INTERFACES};
 use starling_proto::task::truncate;
 use starling_proto::{
-    Capability, CpuInfo, DiskInfo, NetInterface, PowerLevel, RateSource, Runtime, PROTOCOL_VERSION,
+    Capability, CpuInfo, DiskInfo, NetInterface, PowerControl, PowerLevel, RateSource, Runtime,
+    PROTOCOL_VERSION,
 };
 
 use crate::config::{AgentConfig, ConfigError};
+use crate::power::Cpufreq;
 
 /// Why the device could not be probed.
 #[derive(Debug, thiserror::Error)]
@@ -51,8 +53,66 @@ pub enum ProbeError {
 /// Bytes written and read back by `--measure-io`.
 pub const IO_PROBE_BYTES: usize = 8 * 1024 * 1024;
 
+/// How this node controls power: through cpufreq when its policies under
+/// the sysfs root can be written, not at all otherwise.
+#[derive(Debug, Clone)]
+pub struct PowerProbe {
+    /// What the capability says.
+    pub control: PowerControl,
+    /// The policies to write, with [`PowerControl::Cpufreq`].
+    pub cpufreq: Option<Cpufreq>,
+    /// The speed factor of each level offered, lowest first: three from the
+    /// hardware's range under control, one (full speed) without.
+    pub speeds: Vec<f32>,
+}
+
+/// Finds out whether the power levels can be applied here. Without cpufreq
+/// (a VM, a container) or without write access to it, the node offers one
+/// level, so the coordinator plans with the speed it really gets.
+pub fn probe_power(sysfs_root: &Path) -> PowerProbe {
+    let none = PowerProbe {
+        control: PowerControl::None,
+        cpufreq: None,
+        speeds: vec![1.0],
+    };
+    let cpufreq = match Cpufreq::open(sysfs_root) {
+        Ok(Some(cpufreq)) => cpufreq,
+        Ok(None) => {
+            tracing::info!(sysfs = %sysfs_root.display(), "no cpufreq: power levels are not applied (power_control none)");
+            return none;
+        }
+        Err(error) => {
+            tracing::warn!("{error}: power levels are not applied (power_control none)");
+            return none;
+        }
+    };
+    if let Err(error) = cpufreq.check_writable() {
+        tracing::info!("{error}: power levels are not applied (power_control none); the package's tmpfiles rule gives the agent this access");
+        return none;
+    }
+    let low = cpufreq.min_speed().clamp(0.05, 1.0);
+    let speeds = if low >= 0.99 {
+        vec![1.0]
+    } else {
+        vec![low, (low + 1.0) / 2.0, 1.0]
+    };
+    PowerProbe {
+        control: PowerControl::Cpufreq,
+        cpufreq: Some(cpufreq),
+        speeds,
+    }
+}
+
 /// Probes the device.
 pub fn probe(config: &AgentConfig) -> Result<Capability, ProbeError> {
+    probe_with_power(config, &probe_power(&config.sysfs_root))
+}
+
+/// Probes the device, with its power control already found.
+pub fn probe_with_power(
+    config: &AgentConfig,
+    power: &PowerProbe,
+) -> Result<Capability, ProbeError> {
     config.validate()?;
     let node_id = config.resolved_node_id()?;
     std::fs::create_dir_all(&config.data_dir).map_err(|source| ProbeError::DataDir {
@@ -92,7 +152,8 @@ pub fn probe(config: &AgentConfig) -> Result<Capability, ProbeError> {
         agent_version: truncate(env!("CARGO_PKG_VERSION")),
         arch: truncate(std::env::consts::ARCH),
         os: truncate(&os_text()),
-        power_levels: power_levels(&cpu),
+        power_levels: power_levels(&power.speeds, cpu.cores),
+        power_control: power.control,
         cpu,
         memory_bytes,
         gpus: BoundedVec::new(),
@@ -182,25 +243,21 @@ pub const IDLE_WATTS_PER_CORE: f32 = 0.25;
 /// Extra power per fully busy core at full speed (W).
 pub const ACTIVE_WATTS_PER_CORE: f32 = 3.0;
 
-/// Three levels: from the cpufreq range when readable, otherwise synthetic
-/// speed factors 0.5 / 0.75 / 1.0 of the CPU's top frequency.
+/// The levels for these speed factors: `powersave`, `balanced` and
+/// `performance` when there are three, `fixed` for a node that cannot change
+/// its speed.
 fn power_levels(
-    cpu: &CpuInfo,
+    speeds: &[f32],
+    cores: u16,
 ) -> BoundedVec<PowerLevel, { starling_proto::limits::MAX_POWER_LEVELS }> {
-    let speeds: [f32; 3] = match cpufreq_range_mhz() {
-        Some((min, max)) if min > 0 && min < max => {
-            let low = min as f32 / max as f32;
-            [low, (low + 1.0) / 2.0, 1.0]
-        }
-        _ => [0.5, 0.75, 1.0],
+    let names: &[&str] = if speeds.len() == 3 {
+        &["powersave", "balanced", "performance"]
+    } else {
+        &["fixed"]
     };
     let mut levels = BoundedVec::new();
-    for (index, (speed, name)) in speeds
-        .into_iter()
-        .zip(["powersave", "balanced", "performance"])
-        .enumerate()
-    {
-        let _ = levels.push(power_level(index as u8, name, speed, cpu.cores));
+    for (index, (speed, name)) in speeds.iter().zip(names).enumerate() {
+        let _ = levels.push(power_level(index as u8, name, *speed, cores));
     }
     levels
 }
@@ -374,6 +431,59 @@ mod tests {
     use super::*;
 
     #[test]
+    fn power_control_is_cpufreq_where_it_can_be_written_and_none_elsewhere() {
+        // A sysfs-shaped directory: one policy from 600 MHz to 1.5 GHz.
+        let root = tempfile::tempdir().unwrap();
+        let policy = root.path().join("devices/system/cpu/cpufreq/policy0");
+        std::fs::create_dir_all(&policy).unwrap();
+        for (file, khz) in [
+            ("cpuinfo_min_freq", 600_000),
+            ("cpuinfo_max_freq", 1_500_000),
+            ("scaling_max_freq", 1_500_000),
+        ] {
+            std::fs::write(policy.join(file), format!("{khz}\n")).unwrap();
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let config = AgentConfig {
+            node_id: Some("power-test".into()),
+            data_dir: dir.path().to_owned(),
+            sysfs_root: root.path().to_owned(),
+            ..AgentConfig::default()
+        };
+        let capability = probe(&config).unwrap();
+        assert_eq!(capability.power_control, PowerControl::Cpufreq);
+        let speeds: Vec<f32> = capability
+            .power_levels
+            .iter()
+            .map(|l| l.speed_factor)
+            .collect();
+        assert_eq!(speeds, [0.4, 0.7, 1.0]);
+
+        // A ceiling that cannot be written (as the agent's user sees /sys
+        // without the package's tmpfiles rule): the levels cannot be applied,
+        // so one is offered. The stand-in is a read-only attribute of the
+        // real sysfs, numeric like a frequency, which not even root writes.
+        let ceiling = policy.join("scaling_max_freq");
+        std::fs::remove_file(&ceiling).unwrap();
+        std::os::unix::fs::symlink("/sys/devices/system/cpu/kernel_max", &ceiling).unwrap();
+        let probed = probe_power(root.path());
+        assert_eq!(probed.control, PowerControl::None);
+        assert_eq!(probed.speeds, [1.0]);
+
+        // No cpufreq at all (a VM): none, and one level at full speed.
+        let empty = tempfile::tempdir().unwrap();
+        let capability = probe(&AgentConfig {
+            sysfs_root: empty.path().to_owned(),
+            ..config
+        })
+        .unwrap();
+        assert_eq!(capability.power_control, PowerControl::None);
+        assert_eq!(capability.power_levels.len(), 1);
+        assert_eq!(capability.power_levels[0].speed_factor, 1.0);
+        assert_eq!(capability.power_levels[0].name.as_str(), "fixed");
+    }
+
+    #[test]
     fn probe_reports_this_machine_and_encodes() {
         let dir = tempfile::tempdir().unwrap();
         let config = AgentConfig {
@@ -389,7 +499,11 @@ mod tests {
         assert_eq!(capability.arch.as_str(), std::env::consts::ARCH);
         assert_eq!(capability.runtimes.as_slice(), [Runtime::Wasm]);
         assert_eq!(capability.labels[0].to_string(), "zone=lab");
-        assert_eq!(capability.power_levels.len(), 3);
+        // This machine's own cpufreq decides the levels: three where it can
+        // be written, one where not (this project's CI hosts are VMs).
+        let expected = probe_power(Path::new("/sys"));
+        assert_eq!(capability.power_control, expected.control);
+        assert_eq!(capability.power_levels.len(), expected.speeds.len());
         let speeds: Vec<f32> = capability
             .power_levels
             .iter()

@@ -4,7 +4,7 @@
 //! [`TaskEvent`] sent back to the I/O loop.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicU8, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
@@ -13,13 +13,14 @@ use starling_opencl::worker::WorkerClient;
 use starling_opencl::Package;
 use starling_proto::limits::MAX_INLINE_OUTPUT_BYTES;
 use starling_proto::{
-    Assignment, Digest, ExecLimits, ExecMetrics, FailureReason, NodeId, Runtime, TaskEvent,
-    TaskState,
+    Assignment, Digest, ExecLimits, ExecMetrics, FailureReason, NodeId, PowerApplied, Runtime,
+    TaskEvent, TaskState,
 };
 use tokio::sync::{mpsc, Semaphore};
 
 use crate::artifact::{ArtifactStore, FetchedModule};
 use crate::caps::{CapSettings, TaskCaps};
+use crate::power::{PowerLevels, Ticket};
 use crate::telemetry::TaskCounts;
 use crate::wasm::{CompiledModule, ExecError, RunRequest, WasmExecutor};
 
@@ -72,6 +73,32 @@ impl Drop for CountGuard<'_> {
     }
 }
 
+/// The power level an attempt holds from the moment it runs: left when it
+/// ends, and on unwinding too, so a panicking attempt cannot pin the CPU's
+/// frequency ceiling.
+struct PowerHold {
+    power: Arc<PowerLevels>,
+    ticket: Ticket,
+    requested: u8,
+    done: bool,
+}
+
+impl PowerHold {
+    /// Leaves the level; returns the level in force while it ran.
+    fn finish(mut self) -> PowerApplied {
+        self.done = true;
+        self.power.leave(self.ticket, self.requested)
+    }
+}
+
+impl Drop for PowerHold {
+    fn drop(&mut self) {
+        if !self.done {
+            self.power.leave(self.ticket, self.requested);
+        }
+    }
+}
+
 /// Shared state of all attempts on this agent.
 pub struct Runner {
     node_id: NodeId,
@@ -81,7 +108,8 @@ pub struct Runner {
     slots: Semaphore,
     counters: Arc<Counters>,
     compiled: Mutex<HashMap<Digest, CompiledModule>>,
-    power_level: AtomicU8,
+    initial_power_level: u8,
+    power: Arc<PowerLevels>,
     events: mpsc::UnboundedSender<TaskEvent>,
     caps: TaskCaps,
 }
@@ -114,7 +142,9 @@ impl Runner {
             slots: Semaphore::new(max_tasks.max(1)),
             counters: Arc::new(Counters::default()),
             compiled: Mutex::new(HashMap::new()),
-            power_level: AtomicU8::new(initial_power_level),
+            initial_power_level,
+            // Arbitration only, until `with_power` gives the node's cpufreq.
+            power: Arc::new(PowerLevels::new(None, Vec::new())),
             events,
             // The device's defaults until `with_task_caps` gives the configured ones.
             caps: CapSettings::default().resolve(),
@@ -130,6 +160,14 @@ impl Runner {
         self
     }
 
+    /// Applies the power levels through `power` (the node's cpufreq, when
+    /// it has one it can write).
+    #[must_use]
+    pub fn with_power(mut self, power: Arc<PowerLevels>) -> Self {
+        self.power = power;
+        self
+    }
+
     /// The caps in force.
     pub fn task_caps(&self) -> TaskCaps {
         self.caps
@@ -140,9 +178,10 @@ impl Runner {
         Arc::clone(&self.counters)
     }
 
-    /// The power level of the most recently started attempt.
+    /// The power level in force: the highest among running attempts, or
+    /// the node's own (its top level) when none runs.
     pub fn power_level(&self) -> u8 {
-        self.power_level.load(Ordering::SeqCst)
+        self.power.in_force().unwrap_or(self.initial_power_level)
     }
 
     fn send(&self, event: TaskEvent) {
@@ -220,7 +259,11 @@ impl Runner {
                 None => self.state_event(&assignment, TaskState::Cancelled),
                 Some(Ok(_permit)) => {
                     let _running = CountGuard::enter(&self.counters.running);
-                    self.execute(&assignment, &cancel).await
+                    let mut hold = None;
+                    let mut event = self.execute(&assignment, &cancel, &mut hold).await;
+                    // The level it ran under goes with its last event.
+                    event.power = hold.map(PowerHold::finish);
+                    event
                 }
                 Some(Err(_)) => self.failed_event(
                     &assignment,
@@ -235,7 +278,12 @@ impl Runner {
         self.send(final_event);
     }
 
-    async fn execute(&self, assignment: &Assignment, cancel: &Arc<AtomicBool>) -> TaskEvent {
+    async fn execute(
+        &self,
+        assignment: &Assignment,
+        cancel: &Arc<AtomicBool>,
+        hold: &mut Option<PowerHold>,
+    ) -> TaskEvent {
         if cancel.load(Ordering::SeqCst) {
             return self.state_event(assignment, TaskState::Cancelled);
         }
@@ -264,7 +312,7 @@ impl Runner {
             }
         };
         if assignment.runtime == Runtime::Opencl {
-            return self.execute_opencl(assignment, cancel, fetched).await;
+            return self.execute_opencl(assignment, cancel, fetched, hold).await;
         }
         let module = match self
             .compiled_module(&assignment.artifact, fetched.bytes)
@@ -280,8 +328,9 @@ impl Runner {
                 )
             }
         };
-        if let Some(cancelled) = self.start_running(assignment, cancel) {
-            return cancelled;
+        match self.start_running(assignment, cancel) {
+            Ok(held) => *hold = Some(held),
+            Err(cancelled) => return *cancelled,
         }
 
         // Output travels inline in the event, so it can never exceed the
@@ -396,19 +445,35 @@ impl Runner {
     }
 
     /// The last step before execution, whatever the runtime: a cancel that
-    /// came in while fetching or compiling ends the attempt here (the returned
-    /// event); otherwise the attempt is reported running at its power level.
-    fn start_running(&self, assignment: &Assignment, cancel: &AtomicBool) -> Option<TaskEvent> {
+    /// came in while fetching or compiling ends the attempt here (the
+    /// returned event); otherwise its power level is applied and it is
+    /// reported running with the level in force.
+    fn start_running(
+        &self,
+        assignment: &Assignment,
+        cancel: &AtomicBool,
+    ) -> Result<PowerHold, Box<TaskEvent>> {
         if cancel.load(Ordering::SeqCst) {
-            return Some(self.state_event(assignment, TaskState::Cancelled));
+            return Err(Box::new(self.state_event(assignment, TaskState::Cancelled)));
         }
-        self.power_level
-            .store(assignment.power_level, Ordering::SeqCst);
+        let (ticket, applied) = self.power.enter(assignment.power_level);
+        let hold = PowerHold {
+            power: Arc::clone(&self.power),
+            ticket,
+            requested: assignment.power_level,
+            done: false,
+        };
+        if applied.in_force != applied.requested {
+            tracing::info!(task = %assignment.task_id, requested = applied.requested,
+                in_force = applied.in_force, "a task beside it asked for a higher power level, which wins");
+        }
         // Counted before it is reported: whoever sees the Running event
         // (telemetry, a test) must also see the execution it announces.
         self.counters.executions.fetch_add(1, Ordering::SeqCst);
-        self.send(self.state_event(assignment, TaskState::Running));
-        None
+        let mut running = self.state_event(assignment, TaskState::Running);
+        running.power = Some(applied);
+        self.send(running);
+        Ok(hold)
     }
 
     /// Runs an OpenCL task in a fresh worker process, killed at the wall-time
@@ -419,6 +484,7 @@ impl Runner {
         assignment: &Assignment,
         cancel: &Arc<AtomicBool>,
         fetched: FetchedModule,
+        hold: &mut Option<PowerHold>,
     ) -> TaskEvent {
         let Some(worker) = self.opencl.as_ref() else {
             return self.failed_event(
@@ -439,8 +505,9 @@ impl Runner {
                 )
             }
         };
-        if let Some(cancelled) = self.start_running(assignment, cancel) {
-            return cancelled;
+        match self.start_running(assignment, cancel) {
+            Ok(held) => *hold = Some(held),
+            Err(cancelled) => return *cancelled,
         }
         let request = KernelRun {
             source: package.source,

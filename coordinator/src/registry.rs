@@ -336,6 +336,7 @@ pub(crate) mod tests {
             labels: Default::default(),
             runtimes: Default::default(),
             power_levels: Default::default(),
+            power_control: Default::default(),
         };
         capability
             .runtimes

@@ -524,6 +524,13 @@ impl NodeView {
         if power_levels.is_empty() {
             power_levels = default_power_levels(&arch);
         }
+        // A node that cannot apply a level runs as its hardware decides: its
+        // top level is the honest estimate, and the lower ones are savings
+        // the engine must not count (older agents say nothing: the same).
+        if capability.power_control == starling_proto::PowerControl::None {
+            let top = power_levels.len() - 1;
+            power_levels.drain(..top);
+        }
         let top_level = u8::try_from(power_levels.len() - 1).unwrap_or(u8::MAX);
         let mut load = NodeLoad {
             free_cpu_cores: cpu_cores,
@@ -707,8 +714,10 @@ mod tests {
             labels: Default::default(),
             runtimes: Default::default(),
             power_levels: Default::default(),
+            power_control: Default::default(),
         };
         if arch == "aarch64" {
+            capability.power_control = starling_proto::PowerControl::Cpufreq;
             capability
                 .gpus
                 .push(device(GpuKind::Gpu, 1, 921, 4 << 30, None))
@@ -744,6 +753,23 @@ mod tests {
             .unwrap();
         capability.runtimes.push(Runtime::Wasm).unwrap();
         capability
+    }
+
+    #[test]
+    fn levels_a_node_cannot_apply_are_not_offered_to_the_engine() {
+        let mut capability = capability("aarch64");
+        assert_eq!(
+            NodeView::from_reports(&capability, None, true)
+                .power_levels
+                .len(),
+            2
+        );
+        capability.power_control = starling_proto::PowerControl::None;
+        let view = NodeView::from_reports(&capability, None, true);
+        assert_eq!(view.power_levels.len(), 1, "only the top level");
+        assert_eq!(view.power_levels[0].speed_factor, 1.0);
+        assert_eq!(view.power_levels[0].active_watts, 10.0);
+        assert_eq!(view.top_power_level(), 0);
     }
 
     #[test]

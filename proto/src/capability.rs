@@ -152,6 +152,18 @@ pub struct PowerLevel {
     pub active_watts: f32,
 }
 
+/// Whether a node can apply the power level chosen for a task.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum PowerControl {
+    /// It cannot (no cpufreq, or not writable: VMs, containers), or it is an
+    /// agent from before power control: placement must not count savings.
+    #[default]
+    None,
+    /// It sets the CPU's frequency ceiling through the kernel's cpufreq.
+    Cpufreq,
+}
+
 /// Everything a node can do, sent at start and retained.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Capability {
@@ -181,6 +193,9 @@ pub struct Capability {
     pub runtimes: Vec<Runtime, MAX_RUNTIMES>,
     /// Power levels the node offers, lowest first.
     pub power_levels: Vec<PowerLevel, MAX_POWER_LEVELS>,
+    /// Whether it applies them; absent (older agents) means it does not.
+    #[serde(default)]
+    pub power_control: PowerControl,
 }
 
 /// A number that must be finite and not negative, or why it is not.

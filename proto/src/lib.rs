@@ -26,8 +26,8 @@ pub mod telemetry;
 pub mod topic;
 
 pub use capability::{
-    Capability, CpuInfo, DiskInfo, GpuDevice, GpuKind, NetInterface, PowerLevel, RateSource,
-    Runtime,
+    Capability, CpuInfo, DiskInfo, GpuDevice, GpuKind, NetInterface, PowerControl, PowerLevel,
+    RateSource, Runtime,
 };
 pub use codec::{decode, decode_stored, encode, DecodeError, EncodeError, Message};
 pub use ids::{Digest, IdError, Label, NodeId, TaskId};
@@ -40,7 +40,7 @@ pub use signed::{
 pub use site::{ClassCapacity, PowerBand, SiteDigest, SiteId, WorkClass};
 pub use status::{NodeState, Status};
 pub use task::{
-    Assignment, Cancel, EventAck, ExecLimits, ExecMetrics, FailureReason, Grants,
+    Assignment, Cancel, EventAck, ExecLimits, ExecMetrics, FailureReason, Grants, PowerApplied,
     PublisherSignature, TaskEvent, TaskState,
 };
 #[cfg(feature = "ed25519")]

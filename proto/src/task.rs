@@ -270,6 +270,20 @@ pub struct ExecMetrics {
     pub cache_hit: bool,
 }
 
+/// The power level an attempt ran under, as the agent applied it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PowerApplied {
+    /// The level the coordinator chose for the attempt.
+    pub requested: u8,
+    /// The level in force: the highest any attempt running beside it asked
+    /// for (they share the CPU's frequency ceiling). In a terminal event, the
+    /// highest that was in force while it ran.
+    pub in_force: u8,
+    /// The CPU frequency ceiling of that level, in kHz (the highest over the
+    /// CPU's policies); none where the node has no power control.
+    pub max_frequency_khz: Option<u32>,
+}
+
 /// A change in an attempt's state, sent by the agent (QoS 1).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct TaskEvent {
@@ -294,6 +308,10 @@ pub struct TaskEvent {
     pub exit_code: Option<i32>,
     /// Measurements, for terminal states.
     pub metrics: Option<ExecMetrics>,
+    /// The power level applied, for running and terminal states of an
+    /// attempt that ran.
+    #[serde(default)]
+    pub power: Option<PowerApplied>,
 }
 
 impl TaskEvent {
@@ -310,6 +328,7 @@ impl TaskEvent {
             message: None,
             exit_code: None,
             metrics: None,
+            power: None,
         }
     }
 

@@ -67,6 +67,11 @@ fn capability() -> impl Strategy<Value = Capability> {
                     labels: heapless::Vec::new(),
                     runtimes: heapless::Vec::from_slice(&[Runtime::Wasm, Runtime::Opencl]).unwrap(),
                     power_levels: heapless::Vec::new(),
+                    power_control: if min % 2 == 0 {
+                        starling_proto::PowerControl::Cpufreq
+                    } else {
+                        starling_proto::PowerControl::None
+                    },
                 };
                 for l in labels {
                     cap.labels.push(l).unwrap();

@@ -10,6 +10,7 @@ mod cli;
 mod enroll;
 mod grants;
 mod journal;
+mod power;
 mod runner_queue;
 mod support;
 mod verify;

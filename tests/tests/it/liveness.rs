@@ -211,6 +211,7 @@ impl HollowNode {
             labels: Default::default(),
             runtimes: Default::default(),
             power_levels: Default::default(),
+            power_control: Default::default(),
         };
         capability.runtimes.push(Runtime::Wasm).unwrap();
         publish_as(

@@ -131,6 +131,7 @@ pub fn capability(id: &str) -> Capability {
         labels: Default::default(),
         runtimes: Default::default(),
         power_levels: Default::default(),
+        power_control: Default::default(),
     };
     capability
         .runtimes
