@@ -484,6 +484,18 @@ mod tests {
     }
 
     #[test]
+    fn a_level_the_node_does_not_offer_gets_the_top_ceiling() {
+        // The assignment's level is the coordinator's word: a wrong or hostile
+        // one must neither panic nor slow the node below its top level.
+        let root = sysfs(&[(500_000, 2_000_000, 2_000_000, "")]);
+        let control = PowerLevels::new(Cpufreq::open(root.path()).unwrap(), vec![0.25, 1.0]);
+        let (ticket, applied) = control.enter(u8::MAX);
+        assert_eq!(applied.max_frequency_khz, Some(2_000_000));
+        assert_eq!(ceiling(root.path(), 0), 2_000_000);
+        control.leave(ticket, u8::MAX);
+    }
+
+    #[test]
     fn without_cpufreq_levels_are_arbitrated_but_nothing_is_written() {
         let control = PowerLevels::new(None, vec![1.0]);
         let (ticket, applied) = control.enter(0);
