@@ -183,6 +183,13 @@ pub struct EventRecord {
     /// Execution measurements, as the agent sent them.
     #[schema(value_type = Option<Object>)]
     pub metrics: Option<serde_json::Value>,
+    /// The power level the attempt ran under, as its agent applied it
+    /// (`requested`, `in_force`: the highest level among the tasks sharing
+    /// the CPU, `max_frequency_khz`: the frequency ceiling, null without
+    /// power control); absent when the event carries none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<Object>)]
+    pub power: Option<serde_json::Value>,
 }
 
 /// One attempt of a task.

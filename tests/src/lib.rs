@@ -927,6 +927,10 @@ impl Agent {
             None => Command::new(binary),
         };
         command.args(args).env("RUST_LOG", "info,starling=debug");
+        // A test agent never touches the host's CPU frequency: its sysfs is
+        // a directory without cpufreq, so it says power_control none on
+        // every host, root or not.
+        command.arg("--sysfs-root").arg(dir.join("no-sysfs"));
         Process::spawn(&format!("agent-{node_id}"), command, dir)
     }
 

@@ -18,6 +18,7 @@ impl From<EventRecord> for starling_api::EventRecord {
             exit_code: row.exit_code,
             output_bytes: row.output_bytes,
             metrics: row.metrics,
+            power: row.power,
         }
     }
 }

@@ -33,6 +33,8 @@ pub struct EventRecord {
     pub output_bytes: u64,
     /// Execution measurements, as the agent sent them.
     pub metrics: Option<serde_json::Value>,
+    /// The power level the attempt ran under, as the agent applied it.
+    pub power: Option<serde_json::Value>,
 }
 
 /// One attempt of a task.
@@ -94,6 +96,7 @@ struct EventRow {
     exit_code: Option<i64>,
     output_bytes: i64,
     metrics: Option<String>,
+    power: Option<String>,
 }
 
 /// An `attempts` row.
@@ -144,6 +147,7 @@ impl EventRow {
             metrics: self
                 .metrics
                 .and_then(|text| serde_json::from_str(&text).ok()),
+            power: self.power.and_then(|text| serde_json::from_str(&text).ok()),
         }
     }
 }
@@ -177,7 +181,7 @@ impl Store {
     ) -> Result<EventOutcome, StoreError> {
         let touch = "UPDATE tasks SET updated_ms = $2 WHERE id = $1";
         let insert = "INSERT INTO events (task_id, attempt, state, node_id, received_ms, reason, message, \
-                      exit_code, output_bytes, metrics) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10) \
+                      exit_code, output_bytes, metrics, power) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11) \
                       ON CONFLICT (task_id, attempt, state) DO NOTHING";
         let acknowledge = "DELETE FROM outbox WHERE task_id = $1 AND attempt = $2 AND node_id = $3";
         let select = format!("SELECT {TASK_COLUMNS} FROM tasks WHERE id = $1");
@@ -198,6 +202,10 @@ impl Store {
             .metrics
             .as_ref()
             .and_then(|metrics| serde_json::to_string(metrics).ok());
+        let power = event
+            .power
+            .as_ref()
+            .and_then(|power| serde_json::to_string(power).ok());
         let event_facts = EventFacts {
             node,
             attempt: event.attempt,
@@ -253,6 +261,7 @@ impl Store {
                 .bind(event.exit_code.map(i64::from))
                 .bind(to_db(event.output.len() as u64))
                 .bind(metrics.as_deref())
+                .bind(power.as_deref())
                 .execute(&mut *tx)
                 .await?
                 .rows_affected();
@@ -318,7 +327,7 @@ impl Store {
     /// A task's events, oldest first; events received in the same millisecond
     /// come in lifecycle order.
     pub async fn events(&self, task_id: &str) -> Result<Vec<EventRecord>, StoreError> {
-        let sql = "SELECT attempt, state, node_id, site, received_ms, reason, message, exit_code, output_bytes, metrics \
+        let sql = "SELECT attempt, state, node_id, site, received_ms, reason, message, exit_code, output_bytes, metrics, power \
                    FROM events WHERE task_id = $1 ORDER BY received_ms ASC, attempt ASC, \
                    CASE state WHEN 'accepted' THEN 0 WHEN 'running' THEN 1 WHEN 'lost' THEN 3 ELSE 2 END ASC";
         let rows: Vec<EventRow> =

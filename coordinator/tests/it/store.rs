@@ -117,7 +117,12 @@ async fn exercise(store: &Store) {
     assert_eq!(store.in_flight_tasks(10).await.unwrap().len(), 1);
 
     // Events: recorded once whatever the redeliveries.
-    let running = event("task-1", 1, "node-a", TaskState::Running);
+    let mut running = event("task-1", 1, "node-a", TaskState::Running);
+    running.power = Some(starling_proto::PowerApplied {
+        requested: 0,
+        in_force: 1,
+        max_frequency_khz: Some(1_000_000),
+    });
     assert_eq!(
         store
             .record_event(&running, 3_100, MAX_ATTEMPTS)
@@ -173,6 +178,12 @@ async fn exercise(store: &Store) {
         ["running", "succeeded", "failed"],
         "one row per attempt and state"
     );
+    // The level the agent applied is kept with its event.
+    assert_eq!(
+        events[0].power,
+        Some(serde_json::json!({"requested": 0, "in_force": 1, "max_frequency_khz": 1_000_000}))
+    );
+    assert_eq!(events[1].power, None);
     let attempts = store.attempts("task-1").await.unwrap();
     assert_eq!(attempts.len(), 1);
     assert_eq!(attempts[0].state, "succeeded");

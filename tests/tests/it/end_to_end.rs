@@ -151,4 +151,17 @@ fn a_learned_policy_places_real_tasks() {
         summary.contains("DDQN value") && summary.contains("TD3 power actor"),
         "{summary}"
     );
+    // The agents have no cpufreq: each offers one level and says it cannot
+    // apply levels, and the task's events say what was in force.
+    let running = shown["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|e| e["state"] == "running")
+        .unwrap_or_else(|| panic!("no running event: {shown}"));
+    assert_eq!(
+        running["power"],
+        serde_json::json!({"requested": 0, "in_force": 0, "max_frequency_khz": null}),
+        "{shown}"
+    );
 }
