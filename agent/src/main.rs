@@ -71,12 +71,15 @@ enum Command {
     Probe(Settings),
     /// Write a join file that the packaged agent picks up and enrolls with (run as root
     /// after installing the package; the file goes to the agent's user, mode 0600).
-    Join(JoinArgs),
+    Join(JoinCommand),
     /// Move the join token of the first join file found into the agent's state (run as root;
     /// the packaged unit does it before each start), so the agent never writes the boot
     /// partition. Exits 0 when there is nothing to move, 1 when the file is bad or unwritable.
     ImportJoinFile(ImportArgs),
 }
+
+/// The join file in the agent's state, where the packaged unit looks first.
+const STATE_JOIN_FILE: &str = "/var/lib/starling/join.toml";
 
 #[derive(Debug, Args)]
 struct ImportArgs {
@@ -84,37 +87,16 @@ struct ImportArgs {
     #[arg(required = true, value_name = "FILE")]
     from: Vec<PathBuf>,
     /// Where the file goes; it takes the owner of the directory it is in, mode 0600.
-    #[arg(
-        long,
-        value_name = "FILE",
-        default_value = "/var/lib/starling/join.toml"
-    )]
+    #[arg(long, value_name = "FILE", default_value = STATE_JOIN_FILE)]
     into: PathBuf,
 }
 
 #[derive(Debug, Args)]
-struct JoinArgs {
-    /// The coordinator's REST URL.
-    #[arg(long, value_name = "URL")]
-    coordinator_url: String,
-    /// A join token from `starling token create`.
-    #[arg(long, value_name = "TOKEN")]
-    join_token: String,
-    /// The coordinator's ed25519 public key, 64 hex digits (`starling token create` prints it).
-    #[arg(long, value_name = "HEX")]
-    coordinator_key: String,
-    /// The node id [default: derived from the host name and /etc/machine-id].
-    #[arg(long, value_name = "ID")]
-    node_id: Option<String>,
-    /// The MQTT broker [default: the coordinator's host, port 1884].
-    #[arg(long, value_name = "URL")]
-    broker: Option<String>,
+struct JoinCommand {
+    #[command(flatten)]
+    join: starling_net::JoinArgs,
     /// Where to write it; it takes the owner of the directory it is in.
-    #[arg(
-        long,
-        value_name = "FILE",
-        default_value = "/var/lib/starling/join.toml"
-    )]
+    #[arg(long, value_name = "FILE", default_value = STATE_JOIN_FILE)]
     file: PathBuf,
 }
 
@@ -467,14 +449,8 @@ fn forget_token(path: &std::path::Path) {
 
 /// `starling-agent join`: checks the settings as the agent will, and writes
 /// them where the packaged agent looks, owned like the directory they go in.
-fn write_join_file(args: &JoinArgs) -> anyhow::Result<()> {
-    let file = starling_net::JoinFile {
-        coordinator_url: args.coordinator_url.clone(),
-        coordinator_key: args.coordinator_key.clone(),
-        join_token: Some(args.join_token.clone()),
-        node_id: args.node_id.clone(),
-        broker: args.broker.clone(),
-    };
+fn write_join_file(args: &JoinCommand) -> anyhow::Result<()> {
+    let file = args.join.to_join_file();
     let text = file.render()?;
     let owner = owner_of_parent(&args.file)?;
     starling_agent::join::replace(&args.file, &text, Some(owner))?;
@@ -552,5 +528,18 @@ fn shutdown_signal() -> anyhow::Result<impl std::future::Future<Output = ()> + S
         Ok(async {
             let _ = tokio::signal::ctrl_c().await;
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_command_line_is_well_formed() {
+        // clap checks names, groups and defaults only when a subcommand is
+        // built; this builds them all (a clash fails here, not on a device).
+        use clap::CommandFactory;
+        Cli::command().debug_assert();
     }
 }

@@ -252,21 +252,9 @@ pub enum ImageAction {
     Configure {
         /// The raw disk image (from deploy/image/build).
         image: PathBuf,
-        /// The coordinator's REST URL as the devices reach it.
-        #[arg(long, value_name = "URL")]
-        coordinator_url: String,
-        /// A join token from `starling token create`.
-        #[arg(long, value_name = "TOKEN")]
-        join_token: String,
-        /// The coordinator's ed25519 public key, 64 hex digits (`starling token create` prints it).
-        #[arg(long, value_name = "HEX")]
-        coordinator_key: String,
-        /// The node id, for an image meant for one device [default: from /etc/machine-id].
-        #[arg(long, value_name = "ID")]
-        node_id: Option<String>,
-        /// The MQTT broker [default: the coordinator's host, port 1884].
-        #[arg(long, value_name = "URL")]
-        broker: Option<String>,
+        /// The settings written (--node-id only for an image meant for one device).
+        #[command(flatten)]
+        join: starling_net::JoinArgs,
     },
 }
 
@@ -521,23 +509,9 @@ async fn dispatch(cli: &Cli, client: &Client) -> Result<i32, CliError> {
             Ok(EXIT_OK)
         }
         Command::Image {
-            action:
-                ImageAction::Configure {
-                    image,
-                    coordinator_url,
-                    join_token,
-                    coordinator_key,
-                    node_id,
-                    broker,
-                },
+            action: ImageAction::Configure { image, join },
         } => {
-            let file = starling_net::JoinFile {
-                coordinator_url: coordinator_url.clone(),
-                coordinator_key: coordinator_key.clone(),
-                join_token: Some(join_token.clone()),
-                node_id: node_id.clone(),
-                broker: broker.clone(),
-            };
+            let file = join.to_join_file();
             let done = crate::image::configure(image, &file)
                 .map_err(|error| CliError::Usage(error.to_string()))?;
             if cli.json {
@@ -1030,5 +1004,18 @@ fn print_task(task: &TaskDetail) {
         (Some(text), _) => println!("output\n{text}"),
         (None, Some(encoded)) => println!("output (base64) {encoded}"),
         (None, None) => {}
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_command_line_is_well_formed() {
+        // clap checks names, groups and defaults only when a subcommand is
+        // built; this builds them all.
+        use clap::CommandFactory;
+        Cli::command().debug_assert();
     }
 }

@@ -199,6 +199,43 @@ fn url_host(url: &str) -> Option<&str> {
     (!host.is_empty() && !host.contains(char::is_whitespace)).then_some(host)
 }
 
+/// The join file's settings as command-line flags, for every tool that
+/// writes one (`starling-agent join`, `starling image configure`), so the
+/// flags and their help are defined once.
+#[cfg(feature = "clap")]
+#[derive(Debug, Clone, clap::Args)]
+pub struct JoinArgs {
+    /// The coordinator's REST URL, as the device reaches it.
+    #[arg(long, value_name = "URL")]
+    pub coordinator_url: String,
+    /// A join token from `starling token create`.
+    #[arg(long, value_name = "TOKEN")]
+    pub join_token: String,
+    /// The coordinator's ed25519 public key, 64 hex digits (`starling token create` prints it).
+    #[arg(long, value_name = "HEX")]
+    pub coordinator_key: String,
+    /// The node id [default: derived from the host name and /etc/machine-id].
+    #[arg(long, value_name = "ID")]
+    pub node_id: Option<String>,
+    /// The MQTT broker [default: the coordinator's host, port 1884].
+    #[arg(long, value_name = "URL")]
+    pub broker: Option<String>,
+}
+
+#[cfg(feature = "clap")]
+impl JoinArgs {
+    /// The join file these flags describe (not yet checked: `render` checks).
+    pub fn to_join_file(&self) -> JoinFile {
+        JoinFile {
+            coordinator_url: self.coordinator_url.clone(),
+            coordinator_key: self.coordinator_key.clone(),
+            join_token: Some(self.join_token.clone()),
+            node_id: self.node_id.clone(),
+            broker: self.broker.clone(),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -13,6 +13,8 @@ pub mod tls;
 pub mod units;
 
 pub use address::{BrokerAddress, BrokerUrlError};
+#[cfg(feature = "clap")]
+pub use join_file::JoinArgs;
 pub use join_file::{JoinFile, JoinFileError};
 pub use tls::{MqttTlsFiles, TlsError};
 pub use units::{parse_duration, parse_size, DurationError, SizeError};

@@ -15,7 +15,7 @@ use starling_agent::artifact::{sha256, ArtifactStore};
 use starling_agent::power::{Cpufreq, PowerLevels};
 use starling_agent::runner::Runner;
 use starling_agent::wasm::WasmExecutor;
-use starling_proto::{Assignment, ExecLimits, NodeId, PowerApplied, TaskEvent, TaskState};
+use starling_proto::{Assignment, NodeId, PowerApplied, TaskEvent, TaskState};
 use tokio::sync::mpsc;
 
 /// One policy from 500 MHz to 2 GHz, its ceiling at 1.8 GHz (an operator's).
@@ -43,17 +43,7 @@ fn ceiling(path: &Path) -> u32 {
 }
 
 fn spin(task: &str, url: &str, digest: starling_proto::Digest, level: u8) -> Assignment {
-    let mut assignment = support::unsigned_assignment(
-        "power-node",
-        task,
-        digest,
-        url,
-        b"",
-        ExecLimits {
-            wall_ms: 60_000,
-            ..ExecLimits::default()
-        },
-    );
+    let mut assignment = support::spin_assignment("power-node", task, url, digest);
     assignment.power_level = level;
     assignment
 }

@@ -11,22 +11,11 @@ use starling_agent::artifact::{sha256, ArtifactStore};
 use starling_agent::runner::Runner;
 use starling_agent::telemetry::TaskCounts;
 use starling_agent::wasm::WasmExecutor;
-use starling_proto::{Assignment, ExecLimits, FailureReason, NodeId, TaskState};
+use starling_proto::{Assignment, FailureReason, NodeId, TaskState};
 use tokio::sync::mpsc;
 
 fn spin_assignment(task: &str, url: &str, digest: starling_proto::Digest) -> Assignment {
-    // The runner trusts the session to have verified it; no signature needed.
-    support::unsigned_assignment(
-        "queue-node",
-        task,
-        digest,
-        url,
-        b"",
-        ExecLimits {
-            wall_ms: 60_000,
-            ..ExecLimits::default()
-        },
-    )
+    support::spin_assignment("queue-node", task, url, digest)
 }
 
 async fn wait_for_counts(runner: &Runner, expected: TaskCounts) {

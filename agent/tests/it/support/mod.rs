@@ -90,6 +90,23 @@ pub fn unsigned_assignment(
     }
 }
 
+/// An attempt of the endless [`LOOP_WAT`] module for `node`, with a minute
+/// of wall time: it runs until cancelled. Unsigned: the runner trusts the
+/// session to have verified it.
+pub fn spin_assignment(node: &str, task: &str, url: &str, digest: Digest) -> Assignment {
+    unsigned_assignment(
+        node,
+        task,
+        digest,
+        url,
+        b"",
+        ExecLimits {
+            wall_ms: 60_000,
+            ..ExecLimits::default()
+        },
+    )
+}
+
 /// [`unsigned_assignment`] signed with the test coordinator key.
 pub fn signed_assignment(
     node: &str,
