@@ -200,24 +200,19 @@ pub fn import(
     Ok(Imported::Moved { from })
 }
 
-/// Writes `text` to `path` atomically with mode 0600 ([`private_file`]) and,
-/// when `owner` is given, that owner (uid, gid): `starling-agent join` runs as
-/// root and hands the file to the agent's user.
+/// Writes `text` to `path` atomically with mode 0600 and, when `owner` is
+/// given, that owner (uid, gid): `starling-agent join` and `import-join-file`
+/// run as root and hand the file to the agent's user, in a directory that
+/// user controls ([`private_file::write_owned`] says why that is safe).
 ///
-/// [`private_file`]: crate::private_file
+/// [`private_file::write_owned`]: crate::private_file::write_owned
 pub fn replace(path: &Path, text: &str, owner: Option<(u32, u32)>) -> Result<(), JoinError> {
-    let write_error = |source| JoinError::Write {
-        path: path.to_owned(),
-        source,
-    };
-    crate::private_file::write(path, text.as_bytes()).map_err(write_error)?;
-    if let Some((uid, gid)) = owner {
-        #[cfg(unix)]
-        std::os::unix::fs::chown(path, Some(uid), Some(gid)).map_err(write_error)?;
-        #[cfg(not(unix))]
-        let _ = (uid, gid);
-    }
-    Ok(())
+    crate::private_file::write_owned(path, text.as_bytes(), owner).map_err(|source| {
+        JoinError::Write {
+            path: path.to_owned(),
+            source,
+        }
+    })
 }
 
 #[cfg(test)]
