@@ -20,6 +20,7 @@ pub mod enroll;
 pub mod join;
 pub mod journal;
 pub mod power;
+mod precompiled;
 pub mod private_file;
 pub mod probe;
 pub mod report_key;

@@ -18,7 +18,7 @@ use starling_proto::limits::{MAX_DISKS, MAX_GPUS, MAX_INTERFACES};
 use starling_proto::task::truncate;
 use starling_proto::{
     Capability, CpuInfo, DiskInfo, NetInterface, PowerControl, PowerLevel, RateSource, Runtime,
-    PROTOCOL_VERSION,
+    WasmEngine, PROTOCOL_VERSION,
 };
 
 use crate::config::{AgentConfig, ConfigError};
@@ -154,6 +154,7 @@ pub fn probe_with_power(
         os: truncate(&os_text()),
         power_levels: power_levels(&power.speeds, cpu.cores),
         power_control: power.control,
+        wasm: wasm_engine(),
         cpu,
         memory_bytes,
         gpus: BoundedVec::new(),
@@ -162,6 +163,16 @@ pub fn probe_with_power(
         labels,
         runtimes,
     })
+}
+
+/// How this agent runs wasm: whether it was built with a compiler, and the
+/// engine and target a module must be compiled for when it was not.
+pub fn wasm_engine() -> WasmEngine {
+    WasmEngine {
+        compiles: cfg!(feature = "cranelift"),
+        engine: truncate(&starling_wasm::engine_id()),
+        target: truncate(&starling_wasm::host_target()),
+    }
 }
 
 fn os_text() -> String {

@@ -299,8 +299,23 @@ impl Runner {
                 );
             }
         }
-        let url = assignment.artifact_url.as_str();
-        let fetched = match self.artifacts.get(&assignment.artifact, url).await {
+        // A wasm task comes as code compiled for this node when the
+        // assignment carries it (always, for an agent without a compiler),
+        // as the module otherwise.
+        let precompiled = match (assignment.runtime, &assignment.precompiled) {
+            (Runtime::Wasm, Some(precompiled)) => Some(precompiled),
+            _ => None,
+        };
+        if assignment.runtime == Runtime::Wasm && precompiled.is_none() && !self.executor.compiles()
+        {
+            let error = ExecError::NoCompiler;
+            return self.failed_event(assignment, error.failure_reason(), &error.to_string(), None);
+        }
+        let (digest, url) = match precompiled {
+            Some(precompiled) => (&precompiled.digest, precompiled.url.as_str()),
+            None => (&assignment.artifact, assignment.artifact_url.as_str()),
+        };
+        let fetched = match self.artifacts.get(digest, url).await {
             Ok(fetched) => fetched,
             Err(error) => {
                 return self.failed_event(
@@ -315,7 +330,7 @@ impl Runner {
             return self.execute_opencl(assignment, cancel, fetched, hold).await;
         }
         let module = match self
-            .compiled_module(&assignment.artifact, fetched.bytes)
+            .compiled_module(digest, fetched.bytes, precompiled.is_some())
             .await
         {
             Ok(module) => module,
@@ -555,10 +570,13 @@ impl Runner {
         }
     }
 
+    /// The module with `digest` ready to run: from memory, or compiled from
+    /// `bytes`, or (`precompiled`) loaded from the machine code in `bytes`.
     async fn compiled_module(
         &self,
         digest: &Digest,
         bytes: Vec<u8>,
+        precompiled: bool,
     ) -> Result<CompiledModule, ExecError> {
         if let Some(module) = self
             .compiled
@@ -572,11 +590,18 @@ impl Runner {
             return Ok(module);
         }
         let executor = Arc::clone(&self.executor);
-        let module = tokio::task::spawn_blocking(move || executor.compile(&bytes))
-            .await
-            .map_err(|e| ExecError::Internal {
-                detail: format!("the compile thread failed: {e}"),
-            })??;
+        let loaded_digest = *digest;
+        let module = tokio::task::spawn_blocking(move || {
+            if precompiled {
+                executor.load_precompiled(&bytes, &loaded_digest)
+            } else {
+                executor.compile(&bytes)
+            }
+        })
+        .await
+        .map_err(|e| ExecError::Internal {
+            detail: format!("the compile thread failed: {e}"),
+        })??;
         let mut compiled = self.compiled.lock().unwrap_or_else(PoisonError::into_inner);
         if compiled.len() >= COMPILED_MODULES_KEPT {
             // Crude but bounded: forget everything rather than track recency.

@@ -577,6 +577,7 @@ mod tests {
             deadline_unix_ms: None,
             grants: Grants::default(),
             publisher: None,
+            precompiled: None,
             issued_unix_ms: NOW,
             expires_unix_ms: NOW + 60_000,
             signature: Vec::new(),

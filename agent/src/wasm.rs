@@ -26,7 +26,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use starling_proto::{ExecLimits, ExecMetrics, FailureReason, Grants};
 use wasmtime::{
-    Config, Engine, ExternType, InstancePre, Linker, Module, ResourceLimiter, Store, StoreLimits,
+    Engine, ExternType, InstancePre, Linker, Module, ResourceLimiter, Store, StoreLimits,
     StoreLimitsBuilder, UpdateDeadline,
 };
 use wasmtime_wasi::cli::{IsTerminal, StdoutStream};
@@ -99,6 +99,16 @@ pub enum ExecError {
     /// The attempt was cancelled while it ran.
     #[error("the task was cancelled")]
     Cancelled,
+    /// A precompiled module that is not the one the assignment named, or not
+    /// one this engine can load; nothing of it was loaded.
+    #[error("the precompiled module was refused: {detail}")]
+    PrecompiledRefused {
+        /// Why.
+        detail: String,
+    },
+    /// A plain module reached an agent built without a compiler.
+    #[error("this agent has no compiler (built without the `cranelift` feature) and the assignment carries no precompiled module; the coordinator compiles modules for such agents when its wasmtime matches theirs")]
+    NoCompiler,
     /// The task asks for a grant this node's policy does not allow.
     #[error("the task asks for the {grant} grant, which this node does not allow (start the agent with --allow-grant {grant} to allow it)")]
     GrantRefused {
@@ -125,9 +135,10 @@ impl ExecError {
     /// The wire code for this failure.
     pub fn failure_reason(&self) -> FailureReason {
         match self {
-            ExecError::InvalidModule { .. } | ExecError::Unrunnable { .. } => {
-                FailureReason::InvalidModule
-            }
+            ExecError::InvalidModule { .. }
+            | ExecError::Unrunnable { .. }
+            | ExecError::NoCompiler => FailureReason::InvalidModule,
+            ExecError::PrecompiledRefused { .. } => FailureReason::DigestMismatch,
             // The wire has no policy code; "this node cannot run it" is the
             // closest, and the message names the grant and the flag.
             ExecError::GrantRefused { .. } => FailureReason::PolicyRefused,
@@ -447,9 +458,9 @@ impl WasmExecutor {
 
     /// Like [`WasmExecutor::new`], allowing the grants in `allowed`.
     pub fn with_policy(allowed: Grants) -> Result<Self, ExecError> {
-        let mut config = Config::new();
-        config.epoch_interruption(true);
-        let engine = Engine::new(&config).map_err(|e| ExecError::Internal {
+        // The settings the coordinator compiles for this node with, so that
+        // its precompiled modules load here.
+        let engine = Engine::new(&starling_wasm::config()).map_err(|e| ExecError::Internal {
             detail: format!("cannot build the wasm engine: {e}"),
         })?;
         let mut linker = Linker::new(&engine);
@@ -484,12 +495,44 @@ impl WasmExecutor {
     /// A valid module that this runtime cannot run (imports beyond WASI
     /// preview 1, no `_start: () -> ()` export) is refused here with
     /// [`ExecError::Unrunnable`], before any attempt is made.
+    #[cfg(feature = "cranelift")]
     pub fn compile(&self, bytes: &[u8]) -> Result<CompiledModule, ExecError> {
         let started = Instant::now();
         let module =
             Module::from_binary(&self.engine, bytes).map_err(|e| ExecError::InvalidModule {
                 detail: format!("{e:#}"),
             })?;
+        self.prepare(module, started)
+    }
+
+    /// Without a compiler, a plain module cannot run here.
+    #[cfg(not(feature = "cranelift"))]
+    pub fn compile(&self, _bytes: &[u8]) -> Result<CompiledModule, ExecError> {
+        Err(ExecError::NoCompiler)
+    }
+
+    /// Whether this executor compiles plain modules (the agent was built
+    /// with the `cranelift` feature).
+    pub fn compiles(&self) -> bool {
+        cfg!(feature = "cranelift")
+    }
+
+    /// Loads machine code the coordinator compiled for this node: `bytes`
+    /// must hash to `digest`, the precompiled digest of an assignment whose
+    /// signature verified (the `precompiled` module says why that is enough).
+    pub fn load_precompiled(
+        &self,
+        bytes: &[u8],
+        digest: &starling_proto::Digest,
+    ) -> Result<CompiledModule, ExecError> {
+        let started = Instant::now();
+        let module = crate::precompiled::load(&self.engine, bytes, digest)?;
+        self.prepare(module, started)
+    }
+
+    /// Checks that a module is a WASI command this runtime can run and
+    /// resolves its imports.
+    fn prepare(&self, module: Module, started: Instant) -> Result<CompiledModule, ExecError> {
         match module.get_export("_start") {
             Some(ExternType::Func(signature))
                 if signature.params().len() == 0 && signature.results().len() == 0 => {}
@@ -715,7 +758,8 @@ fn classify_failure(
     }
 }
 
-#[cfg(test)]
+// The tests compile their modules from text, so they need the compiler.
+#[cfg(all(test, feature = "cranelift"))]
 #[allow(clippy::unwrap_used, clippy::expect_used)]
 mod tests {
     use super::*;

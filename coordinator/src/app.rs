@@ -189,6 +189,7 @@ impl Shared {
             registry: self.registry.clone(),
             store: self.store.clone(),
             node_timeout_ms: self.node_timeout_ms,
+            precompile: self.publisher.precompile.clone(),
         }
     }
 
@@ -529,7 +530,10 @@ pub async fn start(config: CoordinatorConfig) -> Result<Running, StartError> {
     };
 
     let counters = Arc::new(Counters::default());
+    let registry = Arc::new(NodeRegistry::new());
     let publisher = mqtt::publish::Publisher {
+        precompile: crate::precompile::Precompile::new(store.clone(), registry.clone()),
+        max_attempts: config.max_attempts.max(1),
         mqtt: mqtt.clone(),
         topics: topics.clone(),
         signer: signer.clone(),
@@ -540,7 +544,7 @@ pub async fn start(config: CoordinatorConfig) -> Result<Running, StartError> {
     };
     let shared = Arc::new(Shared {
         store,
-        registry: Arc::new(NodeRegistry::new()),
+        registry,
         topics,
         mqtt,
         public_url: public_url.clone(),

@@ -24,6 +24,7 @@ pub mod http;
 pub mod loops;
 pub mod models;
 pub mod mqtt;
+mod precompile;
 pub mod registry;
 pub mod server_tls;
 pub mod signing;

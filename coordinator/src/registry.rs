@@ -337,6 +337,7 @@ pub(crate) mod tests {
             runtimes: Default::default(),
             power_levels: Default::default(),
             power_control: Default::default(),
+            wasm: Default::default(),
         };
         capability
             .runtimes

@@ -137,6 +137,7 @@ mod tests {
             deadline_unix_ms: None,
             grants: Grants::default(),
             publisher: None,
+            precompiled: None,
             issued_unix_ms: 0,
             expires_unix_ms: 0,
             signature: Vec::new(),

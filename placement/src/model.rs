@@ -715,6 +715,7 @@ mod tests {
             runtimes: Default::default(),
             power_levels: Default::default(),
             power_control: Default::default(),
+            wasm: Default::default(),
         };
         if arch == "aarch64" {
             capability.power_control = starling_proto::PowerControl::Cpufreq;

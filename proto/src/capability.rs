@@ -164,6 +164,34 @@ pub enum PowerControl {
     Cpufreq,
 }
 
+/// How a node runs WebAssembly modules.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WasmEngine {
+    /// Whether it compiles plain modules itself (the agent carries a
+    /// compiler). One that does not runs only modules the coordinator
+    /// compiled for its `engine` and `target`.
+    pub compiles: bool,
+    /// The engine a precompiled module must be compiled for
+    /// (`starling_wasm::engine_id`, e.g. `wasmtime-48/starling-1`); empty
+    /// when the agent did not say (an agent from before precompiled modules).
+    #[serde(default)]
+    pub engine: String<NAME_LEN>,
+    /// Its target as wasmtime reads a triple (`aarch64-unknown-linux`).
+    #[serde(default)]
+    pub target: String<NAME_LEN>,
+}
+
+impl Default for WasmEngine {
+    /// What an agent from before precompiled modules is: one that compiles.
+    fn default() -> Self {
+        Self {
+            compiles: true,
+            engine: String::new(),
+            target: String::new(),
+        }
+    }
+}
+
 /// Everything a node can do, sent at start and retained.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Capability {
@@ -196,6 +224,9 @@ pub struct Capability {
     /// Whether it applies them; absent (older agents) means it does not.
     #[serde(default)]
     pub power_control: PowerControl,
+    /// How it runs wasm modules; absent (older agents) means it compiles them.
+    #[serde(default)]
+    pub wasm: WasmEngine,
 }
 
 /// A number that must be finite and not negative, or why it is not.

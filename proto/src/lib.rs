@@ -27,7 +27,7 @@ pub mod topic;
 
 pub use capability::{
     Capability, CpuInfo, DiskInfo, GpuDevice, GpuKind, NetInterface, PowerControl, PowerLevel,
-    RateSource, Runtime,
+    RateSource, Runtime, WasmEngine,
 };
 pub use codec::{decode, decode_stored, encode, DecodeError, EncodeError, Message};
 pub use ids::{Digest, IdError, Label, NodeId, TaskId};
@@ -41,7 +41,7 @@ pub use site::{ClassCapacity, PowerBand, SiteDigest, SiteId, WorkClass};
 pub use status::{NodeState, Status};
 pub use task::{
     Assignment, Cancel, EventAck, ExecLimits, ExecMetrics, FailureReason, Grants, PowerApplied,
-    PublisherSignature, TaskEvent, TaskState,
+    PrecompiledModule, PublisherSignature, TaskEvent, TaskState,
 };
 #[cfg(feature = "ed25519")]
 pub use task::{KeyHex, PublisherSignatureError};

@@ -117,6 +117,17 @@ impl PublisherSignature {
     }
 }
 
+/// Machine code the coordinator compiled from an assignment's module for the
+/// node's engine and target (`Capability::wasm`). The assignment's signature
+/// covers this digest, so the agent loads only the bytes the coordinator made.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PrecompiledModule {
+    /// sha256 of the compiled bytes; the agent refuses bytes that hash otherwise.
+    pub digest: Digest,
+    /// Where to fetch them (HTTP GET).
+    pub url: String<URL_LEN>,
+}
+
 /// An instruction to run one attempt of a task, signed by the coordinator.
 ///
 /// The signature covers every other field (see [`Assignment::signed_bytes`]),
@@ -157,6 +168,11 @@ pub struct Assignment {
     /// The artifact publisher's signature, if the artifact was signed.
     #[serde(default)]
     pub publisher: Option<PublisherSignature>,
+    /// The module compiled ahead of time for this node, when it has no
+    /// compiler. Left out of the encoding when absent, so that an agent from
+    /// before this field verifies the signature of every assignment it can run.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub precompiled: Option<PrecompiledModule>,
     /// When the coordinator signed it (Unix ms). Every re-send is signed anew.
     pub issued_unix_ms: u64,
     /// After this (Unix ms) the agent refuses it as expired or replayed.

@@ -72,6 +72,11 @@ fn capability() -> impl Strategy<Value = Capability> {
                     } else {
                         starling_proto::PowerControl::None
                     },
+                    wasm: starling_proto::WasmEngine {
+                        compiles: max % 2 == 0,
+                        engine: hs("wasmtime-48/starling-1"),
+                        target: hs("aarch64-unknown-linux"),
+                    },
                 };
                 for l in labels {
                     cap.labels.push(l).unwrap();
@@ -161,6 +166,10 @@ fn assignment() -> impl Strategy<Value = Assignment> {
                 publisher: extra.3.then(|| PublisherSignature {
                     key: vec![7; 32],
                     signature: vec![9; 64],
+                }),
+                precompiled: extra.0.then(|| starling_proto::PrecompiledModule {
+                    digest: artifact,
+                    url: hs("http://127.0.0.1:7878/api/v1/artifacts/y"),
                 }),
                 issued_unix_ms: extra.2 / 2,
                 expires_unix_ms: extra.2,
@@ -440,6 +449,7 @@ fn oversize_inline_input_is_refused_both_ways() {
         deadline_unix_ms: None,
         grants: Grants::default(),
         publisher: None,
+        precompiled: None,
         issued_unix_ms: 0,
         expires_unix_ms: 0,
         signature: Vec::new(),
@@ -510,6 +520,7 @@ fn signed_assignment() -> Assignment {
         deadline_unix_ms: None,
         grants: Grants::default(),
         publisher: None,
+        precompiled: None,
         issued_unix_ms: 1_000,
         expires_unix_ms: 61_000,
         signature: vec![5; 64],
@@ -531,11 +542,46 @@ fn signed_bytes_ignore_the_signature_and_cover_everything_else() {
         |a: &mut Assignment| a.expires_unix_ms += 1,
         |a: &mut Assignment| a.grants.clock = true,
         |a: &mut Assignment| a.input.push(0),
+        |a: &mut Assignment| {
+            a.precompiled = Some(starling_proto::PrecompiledModule {
+                digest: Digest([4; 32]),
+                url: hs("http://x/p"),
+            })
+        },
     ] {
         let mut c = a.clone();
         change(&mut c);
         assert_ne!(c.signed_bytes().unwrap(), a.signed_bytes().unwrap());
     }
+}
+
+/// An assignment without precompiled code encodes as it did before the field
+/// existed, so an agent from before it (which re-encodes what it decoded to
+/// check the signature) still verifies it; with code, the digest is signed.
+#[test]
+fn precompiled_code_is_absent_from_the_encoding_unless_present() {
+    let plain = signed_assignment();
+    let bytes = plain.signed_bytes().unwrap();
+    let value: ciborium::Value = ciborium::from_reader(bytes.as_slice()).unwrap();
+    let keys: Vec<String> = value
+        .as_map()
+        .unwrap()
+        .iter()
+        .filter_map(|(key, _)| key.as_text().map(str::to_owned))
+        .collect();
+    assert!(!keys.iter().any(|k| k == "precompiled"), "{keys:?}");
+    assert_eq!(keys.len(), 17, "{keys:?}");
+    let mut compiled = plain.clone();
+    compiled.precompiled = Some(starling_proto::PrecompiledModule {
+        digest: Digest([4; 32]),
+        url: hs("http://x/p"),
+    });
+    let decoded: Assignment = decode(&encode(&compiled).unwrap()).unwrap();
+    assert_eq!(decoded, compiled);
+    assert_eq!(
+        decoded.signed_bytes().unwrap(),
+        compiled.signed_bytes().unwrap()
+    );
 }
 
 #[test]

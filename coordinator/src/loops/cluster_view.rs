@@ -4,10 +4,11 @@
 //! computed from the same snapshot.
 
 use starling_placement::{ClusterView, Constraints, Demand, NodeView, PendingTask, TaskClass};
-use starling_proto::NodeId;
+use starling_proto::{NodeId, Runtime, WasmEngine};
 
 use std::sync::Arc;
 
+use crate::precompile::Precompile;
 use crate::registry::{NodeRegistry, Registry};
 use crate::store::{Store, StoreError, TaskRecord};
 use crate::task::{unix_now_ms, TaskKind, TaskStatus};
@@ -61,11 +62,15 @@ pub(crate) struct ViewNode {
     pub(crate) telemetry_received_ms: Option<u64>,
 }
 
-/// Builds the cluster view from the registry, in node-id order.
+/// Builds the cluster view from the registry, in node-id order. A node
+/// without a compiler keeps the wasm runtime only when `runs_wasm` says this
+/// coordinator can compile for it, so placement never gives it a module it
+/// cannot run.
 pub(crate) fn cluster_view(
     registry: &Registry,
     node_timeout_ms: u64,
     now_ms: u64,
+    runs_wasm: impl Fn(&WasmEngine) -> bool,
 ) -> (ClusterView, Vec<ViewNode>) {
     let mut ids = Vec::with_capacity(registry.len());
     let mut nodes = Vec::with_capacity(registry.len());
@@ -78,11 +83,15 @@ pub(crate) fn cluster_view(
         // status said online: agents report telemetry every second, and a
         // broker that lost its session state may never deliver a last will.
         let heard_recently = now_ms.saturating_sub(entry.last_seen_ms) < node_timeout_ms;
-        nodes.push(NodeView::from_reports(
+        let mut node = NodeView::from_reports(
             &entry.capability,
             entry.telemetry.as_ref(),
             entry.online() && heard_recently,
-        ));
+        );
+        if !runs_wasm(&entry.capability.wasm) {
+            node.runtimes.retain(|runtime| *runtime != Runtime::Wasm);
+        }
+        nodes.push(node);
     }
     (ClusterView { now_ms, nodes }, ids)
 }
@@ -110,13 +119,20 @@ pub(crate) struct ViewSource {
     pub(crate) store: Store,
     /// Silence after which a node is suspected, ms.
     pub(crate) node_timeout_ms: u64,
+    /// Which nodes without a compiler this coordinator compiles for.
+    pub(crate) precompile: Precompile,
 }
 
 impl ViewSource {
     /// The view the policy and the site digest are computed from.
     pub(crate) async fn snapshot(&self, pending: Vec<TaskRecord>) -> Result<Snapshot, StoreError> {
         let now_ms = unix_now_ms();
-        let (view, ids) = cluster_view(&self.registry.read(), self.node_timeout_ms, now_ms);
+        let (view, ids) = cluster_view(
+            &self.registry.read(),
+            self.node_timeout_ms,
+            now_ms,
+            |wasm| self.precompile.serves(wasm),
+        );
         let in_flight = self.store.in_flight_tasks(IN_FLIGHT_WINDOW).await?;
         Ok(assemble(view, ids, &in_flight, pending))
     }

@@ -7,10 +7,12 @@ use std::time::Duration;
 
 use rumqttc::{AsyncClient, QoS};
 use starling_proto::{
-    encode, Assignment, Cancel, Channel, NodeId, TaskId, Topics, PROTOCOL_VERSION,
+    encode, Assignment, Cancel, Channel, FailureReason, NodeId, TaskEvent, TaskId, Topics,
+    PROTOCOL_VERSION,
 };
 
 use crate::domain::delivery::backoff;
+use crate::precompile::{Precompile, PrecompileFailure};
 use crate::signing::Signer;
 use crate::store::{OutboxEntry, Store, StoreError, TaskRecord};
 use crate::Counters;
@@ -33,6 +35,11 @@ pub(crate) struct Publisher {
     pub(crate) resend_interval: Duration,
     /// `starling_assignments_published_total`.
     pub(crate) counters: Arc<Counters>,
+    /// Compiles modules for nodes without a compiler.
+    pub(crate) precompile: Precompile,
+    /// Attempts a task gets before it fails for good (an attempt this
+    /// coordinator cannot compile for ends as failed, like any other).
+    pub(crate) max_attempts: u32,
 }
 
 /// Why a cancel could not be published.
@@ -75,6 +82,31 @@ impl Publisher {
         if !self.store.claim_outbox_send(entry, next_ms).await? {
             return Ok(false);
         }
+        let precompiled = match self
+            .precompile
+            .for_assignment(task, &node, &self.public_url)
+            .await
+        {
+            Ok(precompiled) => precompiled,
+            Err(PrecompileFailure::Store(error)) => return Err(error),
+            Err(failure) => {
+                // Sending the plain module would only fail on the node; the
+                // attempt fails here instead, and the task is retried (on
+                // another node) or fails as any failed attempt does.
+                tracing::warn!(task = %entry.task_id, node = %node, %failure, "cannot compile the module for the node");
+                let event = TaskEvent::failed(
+                    task_id_of(&entry.task_id)?,
+                    entry.attempt,
+                    node.clone(),
+                    FailureReason::InvalidModule,
+                    &format!("the coordinator cannot give node {node} code it can run: {failure}"),
+                );
+                self.store
+                    .record_event(&event, now_ms, self.max_attempts)
+                    .await?;
+                return Ok(false);
+            }
+        };
         let power_level = task.power_level.unwrap_or(0);
         // Read at each send, so a signature added after submission reaches
         // the next (re)send.
@@ -82,6 +114,7 @@ impl Publisher {
         let bytes = match assignment(task, &node, entry.attempt, power_level, &self.public_url)
             .and_then(|mut assignment| {
                 assignment.publisher = publisher;
+                assignment.precompiled = precompiled;
                 self.signer
                     .sign(&mut assignment, &node, now_ms)
                     .map_err(|e| e.to_string())?;
@@ -177,11 +210,18 @@ pub fn assignment(
         grants: spec.limits.grants.into(),
         // The outbox adds the artifact's publisher signature when it sends.
         publisher: None,
+        precompiled: None,
         node_id: node.clone(),
         issued_unix_ms: 0,
         expires_unix_ms: 0,
         signature: Vec::new(),
     })
+}
+
+/// A stored task id as a wire id; ids are checked at submission, so a bad
+/// one means a hand-edited store.
+fn task_id_of(id: &str) -> Result<TaskId, StoreError> {
+    TaskId::new(id).map_err(|e| crate::store::corrupt("tasks.id", e))
 }
 
 fn heapless_string<const N: usize>(text: &str) -> Option<heapless::String<N>> {

@@ -31,10 +31,12 @@ mod events;
 pub mod forwards;
 mod keys;
 mod outbox;
+mod precompiled;
 mod tasks;
 
 pub use events::{failure_reason_name, AttemptRecord, EventOutcome, EventRecord};
 pub use outbox::OutboxEntry;
+pub use precompiled::PrecompiledKey;
 pub use tasks::{CancelOutcome, InFlightAttempt, LostTask, NewTask, TaskRecord};
 
 /// The migrations, shared by both backends.

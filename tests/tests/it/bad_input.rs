@@ -108,6 +108,7 @@ fn bad_input_fails_clearly_and_everything_keeps_serving() {
         deadline_unix_ms: None,
         grants: Default::default(),
         publisher: None,
+        precompiled: None,
         issued_unix_ms: now_ms,
         expires_unix_ms: now_ms + 60_000,
         signature: Vec::new(),

@@ -212,6 +212,7 @@ impl HollowNode {
             runtimes: Default::default(),
             power_levels: Default::default(),
             power_control: Default::default(),
+            wasm: Default::default(),
         };
         capability.runtimes.push(Runtime::Wasm).unwrap();
         publish_as(

@@ -84,6 +84,7 @@ pub fn unsigned_assignment(
         deadline_unix_ms: None,
         grants: Grants::default(),
         publisher: None,
+        precompiled: None,
         issued_unix_ms: now,
         expires_unix_ms: now + 60_000,
         signature: Vec::new(),

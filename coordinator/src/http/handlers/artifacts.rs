@@ -192,15 +192,17 @@ pub(crate) fn parse_digest(text: &str) -> Result<Digest, HttpError> {
     })
 }
 
-/// Serves a module's bytes (agents fetch modules here).
+/// Serves a module's bytes (agents fetch modules here), or the code compiled
+/// from one for nodes without a compiler.
 #[utoipa::path(
     get,
     path = "/api/v1/artifacts/{digest}",
     params(("digest" = String, Path, description = "sha256 of the artifact, 64 hex digits")),
     responses(
-        (status = 200, description = "The artifact as uploaded: a WebAssembly module, or an OpenCL package", content(
+        (status = 200, description = "The artifact as uploaded: a WebAssembly module, or an OpenCL package; or a module this coordinator compiled for nodes without a compiler (wasmtime's ELF, named by the assignments it sends them)", content(
             (Vec<u8> = "application/wasm"),
-            (OpenClPackage = "application/vnd.starling.opencl+json")
+            (OpenClPackage = "application/vnd.starling.opencl+json"),
+            (Vec<u8> = "application/vnd.starling.precompiled")
         )),
         (status = 400, description = "Not a digest", body = ApiError),
         (status = 404, description = "No such artifact", body = ApiError)
@@ -220,11 +222,17 @@ pub(crate) async fn get_artifact(
             };
             Ok(([(header::CONTENT_TYPE, media_type)], bytes).into_response())
         }
-        None => Err(HttpError::new(ErrorCode::ArtifactNotFound,
+        None => match shared.store.precompiled_bytes(&digest).await? {
+            Some(bytes) => Ok(([(header::CONTENT_TYPE, PRECOMPILED_MEDIA_TYPE)], bytes).into_response()),
+            None => Err(HttpError::new(ErrorCode::ArtifactNotFound,
             format!("no artifact {digest}; upload it with POST /api/v1/artifacts (starling publish FILE.wasm)"),
         )),
+        },
     }
 }
+
+/// The media type of a module compiled ahead of time for a node.
+const PRECOMPILED_MEDIA_TYPE: &str = "application/vnd.starling.precompiled";
 
 #[cfg(test)]
 #[allow(clippy::unwrap_used, clippy::expect_used)]

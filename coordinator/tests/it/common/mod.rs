@@ -132,6 +132,7 @@ pub fn capability(id: &str) -> Capability {
         runtimes: Default::default(),
         power_levels: Default::default(),
         power_control: Default::default(),
+        wasm: Default::default(),
     };
     capability
         .runtimes
