@@ -163,3 +163,187 @@ impl Precompile {
         Ok(Some(PrecompiledModule { digest, url }))
     }
 }
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+mod tests {
+    use super::*;
+    use crate::loops::cluster_view::cluster_view;
+    use crate::registry::tests::capability;
+    use crate::store::NewTask;
+    use crate::task::{TaskDemand, TaskKind, TaskLimits, TaskStatus};
+
+    const NOW: u64 = 1_000_000;
+
+    /// A minimal WASI command: `_start` that does nothing.
+    fn module() -> Vec<u8> {
+        wat::parse_str(r#"(module (func (export "_start")))"#).unwrap()
+    }
+
+    fn task(artifact: Digest, runtime: Runtime) -> TaskRecord {
+        TaskRecord {
+            spec: NewTask {
+                id: "t1".into(),
+                artifact,
+                runtime,
+                input: Vec::new(),
+                args: Vec::new(),
+                class: TaskKind::Cpu,
+                demand: TaskDemand::default(),
+                limits: TaskLimits::default(),
+                work_seconds: 0.1,
+                priority: 0,
+                deadline_unix_ms: None,
+                created_ms: NOW,
+            },
+            status: TaskStatus::Assigned,
+            updated_ms: NOW,
+            node_id: None,
+            attempt: 1,
+            power_level: None,
+            output: None,
+            exit_code: None,
+            failure_reason: None,
+            failure_message: None,
+            explanation: None,
+            cancel_requested: false,
+            site: None,
+            site_node: None,
+            origin: None,
+        }
+    }
+
+    fn wasm(compiles: bool, engine: &str, target: &str) -> WasmEngine {
+        WasmEngine {
+            compiles,
+            engine: engine.try_into().unwrap(),
+            target: target.try_into().unwrap(),
+        }
+    }
+
+    /// A store with the module, a registry with a JIT node, a small node of
+    /// this build's engine and one of another engine.
+    async fn fixture(dir: &std::path::Path) -> (Precompile, Digest) {
+        let store = Store::open(&format!("sqlite://{}", dir.join("p.db").display()))
+            .await
+            .unwrap();
+        let bytes = module();
+        let digest = Digest(Sha256::digest(&bytes).into());
+        store
+            .put_artifact(&digest, &bytes, Runtime::Wasm, NOW)
+            .await
+            .unwrap();
+        let registry = Arc::new(NodeRegistry::new());
+        let own = starling_wasm::engine_id();
+        for (id, engine) in [
+            ("jit", WasmEngine::default()),
+            ("small", wasm(false, &own, &starling_wasm::host_target())),
+            ("pi", wasm(false, &own, "aarch64-unknown-linux")),
+            (
+                "foreign",
+                wasm(false, "wasmtime-12/starling-1", "x86_64-unknown-linux"),
+            ),
+            ("mips", wasm(false, &own, "mips-unknown-linux")),
+        ] {
+            let mut capability = capability(id);
+            capability.wasm = engine;
+            registry
+                .write()
+                .apply_capability(&capability.node_id.clone(), capability, NOW)
+                .unwrap();
+        }
+        (Precompile::new(store, registry), digest)
+    }
+
+    #[tokio::test]
+    async fn nodes_without_a_compiler_get_code_for_their_target_compiled_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let (precompile, digest) = fixture(dir.path()).await;
+        let record = task(digest, Runtime::Wasm);
+        let node = |id: &str| NodeId::new(id).unwrap();
+        let url = "http://coordinator:7878";
+
+        // The JIT node compiles for itself; an OpenCL task is never compiled.
+        assert_eq!(
+            precompile
+                .for_assignment(&record, &node("jit"), url)
+                .await
+                .unwrap(),
+            None
+        );
+        let kernel = task(digest, Runtime::Opencl);
+        assert_eq!(
+            precompile
+                .for_assignment(&kernel, &node("small"), url)
+                .await
+                .unwrap(),
+            None
+        );
+
+        let small = precompile
+            .for_assignment(&record, &node("small"), url)
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(
+            small.url.as_str(),
+            format!("{url}/api/v1/artifacts/{}", small.digest.to_hex())
+        );
+        let bytes = precompile
+            .store
+            .precompiled_bytes(&small.digest)
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(Digest(Sha256::digest(&bytes).into()), small.digest);
+        // The same code again, from the store; another target, other code.
+        let again = precompile
+            .for_assignment(&record, &node("small"), url)
+            .await
+            .unwrap();
+        assert_eq!(again, Some(small.clone()));
+        let pi = precompile
+            .for_assignment(&record, &node("pi"), url)
+            .await
+            .unwrap()
+            .unwrap();
+        assert_ne!(pi.digest, small.digest);
+
+        // Engines and targets this coordinator cannot compile for fail the
+        // attempt here rather than reach the node.
+        for id in ["foreign", "mips"] {
+            let failure = precompile
+                .for_assignment(&record, &node(id), url)
+                .await
+                .unwrap_err();
+            assert!(
+                matches!(failure, PrecompileFailure::Unserved { .. }),
+                "{failure}"
+            );
+        }
+    }
+
+    #[tokio::test]
+    async fn the_view_offers_wasm_only_to_nodes_that_can_run_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let (precompile, _) = fixture(dir.path()).await;
+        let (view, ids) = cluster_view(&precompile.registry.read(), u64::MAX, NOW, |wasm| {
+            precompile.serves(wasm)
+        });
+        let runs_wasm: Vec<(&str, bool)> = ids
+            .iter()
+            .zip(&view.nodes)
+            .map(|(id, node)| (id.id.as_str(), node.runtimes.contains(&Runtime::Wasm)))
+            .collect();
+        assert_eq!(
+            runs_wasm,
+            [
+                ("foreign", false),
+                ("jit", true),
+                ("mips", false),
+                ("pi", true),
+                ("small", true)
+            ]
+        );
+    }
+}

@@ -69,6 +69,41 @@ pub fn binary(name: &str) -> PathBuf {
     path
 }
 
+static BUILD_SMALL: Once = Once::new();
+
+/// The agent without a compiler (`starling-agent-small`), built on first
+/// use. It builds only by name: in the workspace build above, cargo would
+/// unify features and put the compiler back.
+pub fn small_agent_binary() -> PathBuf {
+    // The workspace build first, so that the two never run at once.
+    let _ = binary("starling-agent");
+    BUILD_SMALL.call_once(|| {
+        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+        let mut command = Command::new(cargo);
+        command.current_dir(workspace_root()).args([
+            "build",
+            "--quiet",
+            "-p",
+            "starling-agent-small",
+            "--features",
+            "small",
+            "--bin",
+            "starling-agent-small",
+        ]);
+        if release() {
+            command.arg("--release");
+        }
+        let status = command
+            .status()
+            .expect("run cargo build for starling-agent-small");
+        assert!(status.success(), "building starling-agent-small failed");
+    });
+    let profile = if release() { "release" } else { "debug" };
+    let path = target_dir().join(profile).join("starling-agent-small");
+    assert!(path.exists(), "{} was not built", path.display());
+    path
+}
+
 /// The message inside a report an agent published: agents seal every report
 /// in a `SignedReport`, and a test that reads their traffic off the broker
 /// opens the envelope (panicking when the report is not signed).
@@ -796,9 +831,25 @@ pub struct Agent {
     pub dir: TempDir,
     netns: Option<String>,
     args: Vec<std::ffi::OsString>,
+    program: PathBuf,
 }
 
 impl Agent {
+    /// Starts an agent without a compiler ([`small_agent_binary`]), enrolled
+    /// like [`Agent::start`]: it runs only what the coordinator compiled for it.
+    pub fn start_small(coordinator: &Coordinator, broker: &str, node_id: &str) -> Self {
+        Self::start_at(
+            coordinator,
+            &coordinator.rest,
+            broker,
+            node_id,
+            "",
+            None,
+            &[],
+            Some(small_agent_binary()),
+        )
+    }
+
     /// Starts an agent against `broker` with a fixed node id, enrolled with a
     /// fresh join token from `coordinator`.
     pub fn start(coordinator: &Coordinator, broker: &str, node_id: &str, labels: &str) -> Self {
@@ -826,6 +877,7 @@ impl Agent {
             labels,
             netns.map(|ns| ns.name.as_str()),
             extra,
+            None,
         )
     }
 
@@ -847,6 +899,7 @@ impl Agent {
             "",
             Some(ns),
             extra,
+            None,
         )
     }
 
@@ -856,13 +909,15 @@ impl Agent {
         let dir = TempDir::new().unwrap();
         let mut all: Vec<std::ffi::OsString> = vec!["run".into()];
         all.extend(args(dir.path()));
-        let process = Self::spawn(node_id, None, &all, dir.path());
+        let program = binary("starling-agent");
+        let process = Self::spawn(&program, node_id, None, &all, dir.path());
         Self {
             node_id: node_id.to_string(),
             process,
             dir,
             netns: None,
             args: all,
+            program,
         }
     }
 
@@ -874,8 +929,10 @@ impl Agent {
         labels: &str,
         netns: Option<&str>,
         extra: &[&str],
+        program: Option<PathBuf>,
     ) -> Self {
         let dir = TempDir::new().unwrap();
+        let program = program.unwrap_or_else(|| binary("starling-agent"));
         let mut args: Vec<std::ffi::OsString> = vec![
             "run".into(),
             "--broker".into(),
@@ -901,23 +958,24 @@ impl Agent {
         }
         args.extend(extra.iter().map(Into::into));
         let netns = netns.map(str::to_string);
-        let process = Self::spawn(node_id, netns.as_deref(), &args, dir.path());
+        let process = Self::spawn(&program, node_id, netns.as_deref(), &args, dir.path());
         Self {
             node_id: node_id.to_string(),
             process,
             dir,
             netns,
             args,
+            program,
         }
     }
 
     fn spawn(
+        binary: &Path,
         node_id: &str,
         netns: Option<&str>,
         args: &[std::ffi::OsString],
         dir: &Path,
     ) -> Process {
-        let binary = binary("starling-agent");
         let mut command = match netns {
             Some(ns) => {
                 let mut command = Command::new("ip");
@@ -944,6 +1002,7 @@ impl Agent {
     pub fn restart(&mut self) {
         self.process.kill();
         self.process = Self::spawn(
+            &self.program,
             &self.node_id,
             self.netns.as_deref(),
             &self.args,
@@ -1088,6 +1147,23 @@ impl PostgresDb {
             url: format!("postgres://postgres@127.0.0.1:5432/{name}"),
             name,
         }
+    }
+}
+
+impl PostgresDb {
+    /// Runs `sql` in this database; returns what it printed, unaligned and
+    /// without headers (`psql -At`), trimmed.
+    pub fn query(&self, sql: &str) -> String {
+        let out = Command::new("psql")
+            .args(["-At", "-v", "ON_ERROR_STOP=1", &self.url, "-c", sql])
+            .output()
+            .expect("psql is installed");
+        assert!(
+            out.status.success(),
+            "psql {sql:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).trim().to_string()
     }
 }
 

@@ -20,6 +20,7 @@ mod federation;
 mod first_boot;
 mod liveness;
 mod opencl;
+mod precompiled;
 mod security;
 mod wire;
 
