@@ -17,23 +17,28 @@ use starling_proto::Digest;
 use wasmtime::{Engine, Module, Precompiled};
 
 use crate::artifact::sha256;
-use crate::wasm::ExecError;
+
+/// Why precompiled code was not loaded; the executor reports it as
+/// `ExecError::PrecompiledRefused`.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub(crate) struct Refused(pub(crate) String);
 
 /// `bytes` as a module of `engine`, provided they hash to `expected`: the
 /// precompiled digest of an assignment whose signature verified.
-pub(crate) fn load(engine: &Engine, bytes: &[u8], expected: &Digest) -> Result<Module, ExecError> {
+pub(crate) fn load(engine: &Engine, bytes: &[u8], expected: &Digest) -> Result<Module, Refused> {
     let actual = sha256(bytes);
     if actual != *expected {
-        return Err(ExecError::PrecompiledRefused {
-            detail: format!("its sha256 is {actual}, not the {expected} the assignment names"),
-        });
+        return Err(Refused(format!(
+            "its sha256 is {actual}, not the {expected} the assignment names"
+        )));
     }
     // A component, or bytes that are not wasmtime's at all: refused before
     // wasmtime parses them as code.
     if Engine::detect_precompiled(bytes) != Some(Precompiled::Module) {
-        return Err(ExecError::PrecompiledRefused {
-            detail: "the bytes are not a module precompiled by wasmtime".to_owned(),
-        });
+        return Err(Refused(
+            "the bytes are not a module precompiled by wasmtime".to_owned(),
+        ));
     }
     // SAFETY: `Module::deserialize` is sound for bytes that wasmtime's own
     // `Engine::precompile_module` produced, unmodified. These bytes hash to
@@ -43,9 +48,7 @@ pub(crate) fn load(engine: &Engine, bytes: &[u8], expected: &Digest) -> Result<M
     // this node's engine and target. An engine or version mismatch is not
     // unsafe: wasmtime checks both and answers with an error, mapped below.
     let module = unsafe { Module::deserialize(engine, bytes) };
-    module.map_err(|error| ExecError::PrecompiledRefused {
-        detail: format!("wasmtime cannot load it here: {error:#}"),
-    })
+    module.map_err(|error| Refused(format!("wasmtime cannot load it here: {error:#}")))
 }
 
 #[cfg(all(test, feature = "cranelift"))]
@@ -76,10 +79,7 @@ mod tests {
         let middle = altered.len() / 2;
         altered[middle] ^= 0x01;
         let error = load(&engine, &altered, &named).unwrap_err();
-        assert!(
-            matches!(error, ExecError::PrecompiledRefused { ref detail } if detail.contains("sha256")),
-            "{error}"
-        );
+        assert!(error.to_string().contains("sha256"), "{error}");
         // Consistent bytes that are not wasmtime's: the digest matches (an
         // attacker named it) and they are still refused before any load.
         let plain = wat::parse_str(r#"(module)"#).unwrap();

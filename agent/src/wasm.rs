@@ -526,7 +526,11 @@ impl WasmExecutor {
         digest: &starling_proto::Digest,
     ) -> Result<CompiledModule, ExecError> {
         let started = Instant::now();
-        let module = crate::precompiled::load(&self.engine, bytes, digest)?;
+        let module = crate::precompiled::load(&self.engine, bytes, digest).map_err(|refused| {
+            ExecError::PrecompiledRefused {
+                detail: refused.to_string(),
+            }
+        })?;
         self.prepare(module, started)
     }
 

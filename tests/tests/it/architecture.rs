@@ -2,7 +2,9 @@
 //! (in the style of `placement/tests/purity.rs`): modules of one crate never
 //! import each other both ways; the coordinator's files stay small; only its
 //! `http`, `mqtt` and `store` rooms name the HTTP, MQTT and SQL crates; and
-//! the `starling` CLI built without `up` links no server part.
+//! the `starling` CLI built without `up` links no server part; the small
+//! agent links no compiler, and the one agent module that loads compiled code
+//! is the only one allowed unsafe code.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -15,6 +17,7 @@ const CRATES: &[&str] = &[
     "placement",
     "learn",
     "opencl",
+    "wasm",
     "agent",
     "coordinator",
     "cli",
@@ -325,22 +328,14 @@ const SERVER_CRATES: &[&str] = &[
     "axum",
 ];
 
-#[test]
-fn the_cli_without_up_links_no_server_part() {
+/// The names of the crates one package links (normal dependencies), as
+/// `cargo tree` lists them with `args` (the package and its features).
+fn linked_crates(args: &[&str]) -> (String, BTreeSet<String>) {
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     let output = std::process::Command::new(cargo)
         .current_dir(workspace())
-        .args([
-            "tree",
-            "--offline",
-            "-p",
-            "starling-cli",
-            "--no-default-features",
-            "-e",
-            "normal",
-            "--prefix",
-            "none",
-        ])
+        .args(["tree", "--offline", "-e", "normal", "--prefix", "none"])
+        .args(args)
         .output()
         .unwrap();
     assert!(
@@ -348,11 +343,61 @@ fn the_cli_without_up_links_no_server_part() {
         "cargo tree failed: {}",
         String::from_utf8_lossy(&output.stderr)
     );
-    let tree = String::from_utf8_lossy(&output.stdout);
-    let names: BTreeSet<&str> = tree
+    let tree = String::from_utf8_lossy(&output.stdout).into_owned();
+    let names = tree
         .lines()
         .filter_map(|line| line.split_whitespace().next())
+        .map(str::to_owned)
         .collect();
+    (tree, names)
+}
+
+#[test]
+fn the_small_agent_links_no_compiler() {
+    let (tree, names) = linked_crates(&["-p", "starling-agent-small", "--features", "small"]);
+    assert!(
+        names.contains("wasmtime") && names.contains("starling-agent"),
+        "{tree}"
+    );
+    // The code generators; wasmtime's runtime itself uses a few of
+    // Cranelift's small data-structure crates (entity, bitset, bforest).
+    const COMPILERS: &[&str] = &[
+        "cranelift-codegen",
+        "cranelift-frontend",
+        "wasmtime-internal-cranelift",
+        "winch-codegen",
+        "wasmtime-internal-winch",
+    ];
+    let linked: Vec<&&str> = COMPILERS
+        .iter()
+        .filter(|krate| names.contains(**krate))
+        .collect();
+    assert!(linked.is_empty(), "the small agent links {linked:?}");
+    // The JIT agent does link one: the check above can tell them apart.
+    let (_, jit) = linked_crates(&["-p", "starling-agent"]);
+    assert!(jit.contains("cranelift-codegen"), "{jit:?}");
+}
+
+#[test]
+fn only_the_agent_module_that_loads_compiled_code_allows_unsafe() {
+    let agent = workspace().join("agent");
+    let allowing: Vec<PathBuf> = sources(&agent.join("src"))
+        .into_iter()
+        .filter(|(_, text)| text.contains("allow(unsafe_code)"))
+        .map(|(path, _)| path)
+        .collect();
+    assert_eq!(allowing, [PathBuf::from("precompiled.rs")]);
+    let manifest = std::fs::read_to_string(agent.join("Cargo.toml")).unwrap();
+    assert!(
+        manifest.contains("unsafe_code = \"deny\""),
+        "the agent denies unsafe code everywhere else"
+    );
+}
+
+#[test]
+fn the_cli_without_up_links_no_server_part() {
+    let (tree, names) = linked_crates(&["-p", "starling-cli", "--no-default-features"]);
+    let names: BTreeSet<&str> = names.iter().map(String::as_str).collect();
     assert!(
         names.contains("starling-api") && names.contains("reqwest"),
         "{tree}"
