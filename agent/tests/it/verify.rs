@@ -100,6 +100,39 @@ fn wrong_node_expired_future_forged_and_unsigned_are_refused() {
     assert!(text.starts_with("unsigned"), "{text}");
 }
 
+/// What an attacker on the network or at the artifact server would try
+/// against an agent without a compiler: point a signed assignment at its own
+/// machine code. The signature covers the code's digest and URL, so neither
+/// adding, swapping nor removing them passes.
+#[test]
+fn precompiled_code_cannot_be_added_swapped_or_removed_after_signing() {
+    let now = support::now_ms();
+    let v = verifier();
+    let code = |digest: u8| starling_proto::PrecompiledModule {
+        digest: Digest([digest; 32]),
+        url: "http://127.0.0.1:1/api/v1/artifacts/c".try_into().unwrap(),
+    };
+    let mut with_code = unsigned(NODE);
+    with_code.precompiled = Some(code(1));
+    let with_code = signed(with_code);
+    v.check(&with_code, now).unwrap();
+
+    let mut swapped = with_code.clone();
+    swapped.precompiled = Some(code(2));
+    let mut moved = with_code.clone();
+    if let Some(code) = moved.precompiled.as_mut() {
+        code.url = "http://attacker.invalid/code".try_into().unwrap();
+    }
+    let mut removed = with_code.clone();
+    removed.precompiled = None;
+    let mut added = signed(unsigned(NODE));
+    added.precompiled = Some(code(3));
+    for forged in [swapped, moved, removed, added] {
+        let text = refusal_text(v.check(&forged, now));
+        assert!(text.starts_with("bad signature"), "{text}");
+    }
+}
+
 #[test]
 fn without_a_key_everything_is_unverifiable_unless_unsigned_is_allowed() {
     let now = support::now_ms();
