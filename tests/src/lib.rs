@@ -843,7 +843,6 @@ impl Agent {
             &coordinator.rest,
             broker,
             node_id,
-            "",
             None,
             &[],
             Some(small_agent_binary()),
@@ -869,14 +868,18 @@ impl Agent {
             Some(ns) => coordinator.rest.replace("127.0.0.1", &ns.host_ip()),
             None => coordinator.rest.clone(),
         };
+        let mut flags: Vec<&str> = Vec::new();
+        if !labels.is_empty() {
+            flags.extend(["--labels", labels]);
+        }
+        flags.extend_from_slice(extra);
         Self::start_at(
             coordinator,
             &rest,
             broker,
             node_id,
-            labels,
             netns.map(|ns| ns.name.as_str()),
-            extra,
+            &flags,
             None,
         )
     }
@@ -896,7 +899,6 @@ impl Agent {
             &coordinator.rest,
             &coordinator.mqtt,
             node_id,
-            "",
             Some(ns),
             extra,
             None,
@@ -926,7 +928,6 @@ impl Agent {
         rest: &str,
         broker: &str,
         node_id: &str,
-        labels: &str,
         netns: Option<&str>,
         extra: &[&str],
         program: Option<PathBuf>,
@@ -952,9 +953,6 @@ impl Agent {
         ];
         if let Some(ca) = &coordinator.ca_file {
             args.extend(["--coordinator-ca-file".into(), ca.into()]);
-        }
-        if !labels.is_empty() {
-            args.extend(["--labels".into(), labels.into()]);
         }
         args.extend(extra.iter().map(Into::into));
         let netns = netns.map(str::to_string);
