@@ -369,7 +369,17 @@ fn execute(cli: Cli) -> anyhow::Result<()> {
             Ok(())
         }
         Command::Run(settings) => {
+            // One worker thread, not one per core: the runtime only moves
+            // messages (MQTT, HTTP fetches, journal calls that sqlx runs on
+            // its own threads), and `block_on` runs the agent's main loop on
+            // this thread beside it. Tasks run on threads of their own and
+            // compiles on the blocking pool, so neither waits for a worker.
+            // Each worker costs a stack and a malloc arena (issue 17,
+            // scripts/bench-footprint). The name tells the agent's threads
+            // from wasmtime-wasi's runtime's in `top -H`.
             let runtime = tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(1)
+                .thread_name("starling-async")
                 .enable_all()
                 .build()
                 .context("cannot start the async runtime")?;
