@@ -61,6 +61,10 @@ pub const DEFAULT_MAX_ATTEMPTS: usize = 4_096;
 /// (60 s) plus the allowed clock skew (60 s).
 pub const CANCEL_ONLY_RETENTION: Duration = Duration::from_secs(120);
 
+/// SQLite's page cache for the journal's connection, in KiB (`PRAGMA
+/// cache_size` with a negative value counts KiB, not pages).
+const JOURNAL_CACHE_KIB: u32 = 256;
+
 static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations");
 
 /// An attempt: a task id and an attempt number.
@@ -196,9 +200,19 @@ impl Journal {
             // A committed write survives a power cut: the agent acknowledges
             // assignments to the broker only after they are committed here.
             .synchronous(SqliteSynchronous::Full)
-            .busy_timeout(Duration::from_secs(10));
+            .busy_timeout(Duration::from_secs(10))
+            // SQLite's default page cache grows to 2 MB per connection; the
+            // journal's queries are point lookups, inserts and counts, and
+            // pages that fall out are in the OS page cache anyway. A bound
+            // of 256 KiB keeps a full journal from holding megabytes
+            // (issue 17).
+            .pragma("cache_size", format!("-{JOURNAL_CACHE_KIB}"));
+        // One connection: each is a thread of sqlx's and a page cache, and
+        // SQLite takes one writer at a time whatever the pool holds. The
+        // main loop's writes and the outbound task's reads take turns (no
+        // query holds the connection while it waits for another).
         let pool = SqlitePoolOptions::new()
-            .max_connections(2)
+            .max_connections(1)
             .connect_with(options)
             .await
             .map_err(|e| open_error(e.to_string()))?;
