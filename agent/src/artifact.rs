@@ -153,7 +153,7 @@ impl ArtifactStore {
             });
         }
         let bytes = self.download(url).await?;
-        let actual = sha256(&bytes);
+        let (bytes, actual) = hashed(bytes).await;
         if actual != *digest {
             return Err(FetchError::DigestMismatch {
                 url: url.to_owned(),
@@ -171,7 +171,8 @@ impl ArtifactStore {
     async fn cached(&self, digest: &Digest) -> Option<Vec<u8>> {
         let path = self.path_of(digest);
         let bytes = tokio::fs::read(&path).await.ok()?;
-        if sha256(&bytes) == *digest {
+        let (bytes, actual) = hashed(bytes).await;
+        if actual == *digest {
             return Some(bytes);
         }
         tracing::warn!(path = %path.display(), "cached module no longer matches its digest; refetching");
@@ -253,6 +254,24 @@ fn rand_suffix() -> u32 {
 /// The sha256 of `bytes` as a wire digest.
 pub fn sha256(bytes: &[u8]) -> Digest {
     Digest(Sha256::digest(bytes).into())
+}
+
+/// `bytes` and their sha256, hashed on the blocking pool: a module may be
+/// tens of MB, and the agent's runtime has a single worker, which must not
+/// stop moving MQTT messages while it hashes.
+async fn hashed(bytes: Vec<u8>) -> (Vec<u8>, Digest) {
+    match tokio::task::spawn_blocking(move || {
+        let digest = sha256(&bytes);
+        (bytes, digest)
+    })
+    .await
+    {
+        Ok(result) => result,
+        // The closure cannot panic (hashing a slice), and the pool is only
+        // shut down with the runtime; a digest of zeros then matches nothing,
+        // so the bytes are refused rather than trusted.
+        Err(_) => (Vec::new(), Digest([0; 32])),
+    }
 }
 
 /// An error and its sources on one line.
