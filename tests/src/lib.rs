@@ -42,31 +42,46 @@ fn release() -> bool {
 
 static BUILD: Once = Once::new();
 
-/// The path of one of the workspace's binaries, built on first use.
-pub fn binary(name: &str) -> PathBuf {
-    BUILD.call_once(|| {
-        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-        // The same selection `cargo test --workspace` (and scripts/test) builds:
-        // the features cargo unifies depend on it, and any other selection
-        // would rebuild the dependencies with another feature set.
-        let mut command = Command::new(cargo);
-        command
-            .current_dir(workspace_root())
-            .args(["build", "--quiet", "--workspace", "--bins"]);
-        if release() {
-            command.args(["--release", "--benches"]);
-        } else {
-            command.arg("--tests");
-        }
-        let status = command
-            .status()
-            .expect("run cargo build for the binaries under test");
-        assert!(status.success(), "building the binaries under test failed");
-    });
+/// Runs `cargo build --quiet` with `args` in the workspace (release when the
+/// caller was built so), panicking with `what` when it fails.
+fn cargo_build(args: &[&str], release_args: &[&str], what: &str) {
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let mut command = Command::new(cargo);
+    command
+        .current_dir(workspace_root())
+        .args(["build", "--quiet"])
+        .args(args);
+    if release() {
+        command.arg("--release").args(release_args);
+    }
+    let status = command
+        .status()
+        .unwrap_or_else(|e| panic!("run cargo build for {what}: {e}"));
+    assert!(status.success(), "building {what} failed");
+}
+
+/// Where a binary built by [`cargo_build`] lies, checked to exist.
+fn built(name: &str) -> PathBuf {
     let profile = if release() { "release" } else { "debug" };
     let path = target_dir().join(profile).join(name);
     assert!(path.exists(), "{} was not built", path.display());
     path
+}
+
+/// The path of one of the workspace's binaries, built on first use.
+pub fn binary(name: &str) -> PathBuf {
+    BUILD.call_once(|| {
+        // The same selection `cargo test --workspace` (and scripts/test) builds:
+        // the features cargo unifies depend on it, and any other selection
+        // would rebuild the dependencies with another feature set.
+        let tests: &[&str] = if release() { &[] } else { &["--tests"] };
+        cargo_build(
+            &[&["--workspace", "--bins"], tests].concat(),
+            &["--benches"],
+            "the binaries under test",
+        );
+    });
+    built(name)
 }
 
 static BUILD_SMALL: Once = Once::new();
@@ -78,30 +93,20 @@ pub fn small_agent_binary() -> PathBuf {
     // The workspace build first, so that the two never run at once.
     let _ = binary("starling-agent");
     BUILD_SMALL.call_once(|| {
-        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-        let mut command = Command::new(cargo);
-        command.current_dir(workspace_root()).args([
-            "build",
-            "--quiet",
-            "-p",
+        cargo_build(
+            &[
+                "-p",
+                "starling-agent-small",
+                "--features",
+                "small",
+                "--bin",
+                "starling-agent-small",
+            ],
+            &[],
             "starling-agent-small",
-            "--features",
-            "small",
-            "--bin",
-            "starling-agent-small",
-        ]);
-        if release() {
-            command.arg("--release");
-        }
-        let status = command
-            .status()
-            .expect("run cargo build for starling-agent-small");
-        assert!(status.success(), "building starling-agent-small failed");
+        );
     });
-    let profile = if release() { "release" } else { "debug" };
-    let path = target_dir().join(profile).join("starling-agent-small");
-    assert!(path.exists(), "{} was not built", path.display());
-    path
+    built("starling-agent-small")
 }
 
 /// The message inside a report an agent published: agents seal every report
