@@ -314,31 +314,144 @@ pub fn fit(node: &NodeView, task: &PendingTask) -> f64 {
     strength / (strength + 1.0)
 }
 
-/// A count of why nodes were filtered out for one task, to explain a hold.
+/// How many example nodes an explanation names per filter reason: enough to
+/// go and look, and bounded, so a 10 000-node fleet's explanation stays small.
+pub const FILTER_EXAMPLES: usize = 5;
+
+/// A count of nodes and the first few of them ([`FILTER_EXAMPLES`]), as
+/// indexes into the view: a fixed-size value, so counting a node never
+/// allocates.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct NodeSample {
+    count: u32,
+    first: [u32; FILTER_EXAMPLES],
+}
+
+impl NodeSample {
+    /// Counts one node, keeping its index while fewer than
+    /// [`FILTER_EXAMPLES`] are kept.
+    pub fn push(&mut self, node: usize) {
+        if let (Some(slot), Ok(node)) =
+            (self.first.get_mut(self.count as usize), u32::try_from(node))
+        {
+            *slot = node;
+        }
+        self.count = self.count.saturating_add(1);
+    }
+
+    /// Adds another sample: its count, and its examples while room is left.
+    pub fn merge(&mut self, other: &NodeSample) {
+        for node in other.examples() {
+            if let Some(slot) = self.first.get_mut(self.count as usize) {
+                *slot = *node;
+            }
+            self.count = self.count.saturating_add(1);
+        }
+        let rest = other.count.saturating_sub(other.examples().len() as u32);
+        self.count = self.count.saturating_add(rest);
+    }
+
+    /// How many nodes were counted.
+    pub fn count(&self) -> u32 {
+        self.count
+    }
+
+    /// The first nodes counted (at most [`FILTER_EXAMPLES`]), as indexes
+    /// into the view, in the order they were counted.
+    pub fn examples(&self) -> &[u32] {
+        let kept = (self.count as usize).min(FILTER_EXAMPLES);
+        self.first.get(..kept).unwrap_or(&[])
+    }
+}
+
+impl Incompatible {
+    /// The reason's position in [`Incompatible::ALL`].
+    fn position(self) -> usize {
+        // Fieldless and declared in the order of `ALL` (a test checks it).
+        self as usize
+    }
+
+    /// A stable code for the reason, as explanations and the REST API
+    /// carry it (the same words as its serde form).
+    pub fn code(self) -> &'static str {
+        match self {
+            Incompatible::Offline => "offline",
+            Incompatible::Runtime => "runtime",
+            Incompatible::Arch => "arch",
+            Incompatible::Labels => "labels",
+            Incompatible::Gpu => "gpu",
+            Incompatible::GpuKind => "gpu_kind",
+            Incompatible::GpuMemory => "gpu_memory",
+            Incompatible::Fp64 => "fp64",
+            Incompatible::Memory => "memory",
+            Incompatible::EnergyBudget => "energy_budget",
+        }
+    }
+}
+
+/// Why the nodes a policy looked at for one task were filtered out, with the
+/// first few of each reason, and how many passed every filter: what an
+/// explanation says about the nodes that were not chosen. Each node is meant
+/// to be counted once per task (a policy that tries several power levels
+/// counts the node, not the levels). Fixed-size: counting never allocates.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct FilterTally {
-    counts: [u32; Incompatible::ALL.len()],
+    filtered: [NodeSample; Incompatible::ALL.len()],
+    passed: u32,
 }
 
 impl FilterTally {
-    /// Counts one rejection.
-    pub fn add(&mut self, reason: Incompatible) {
-        let index = Incompatible::ALL
-            .iter()
-            .position(|candidate| *candidate == reason)
-            .unwrap_or(0);
-        if let Some(count) = self.counts.get_mut(index) {
-            *count = count.saturating_add(1);
+    /// Counts `node` (an index into the view) as filtered out for `reason`.
+    // Kept out of line so that the evaluation it is called from stays small
+    // enough to be inlined into the policies' scans, estimates included, as
+    // before the tally kept examples (the full-scan baselines decided 25%
+    // slower otherwise; `cargo bench -p starling-placement --bench decide`).
+    #[inline(never)]
+    pub fn add(&mut self, reason: Incompatible, node: usize) {
+        if let Some(sample) = self.filtered.get_mut(reason.position()) {
+            sample.push(node);
         }
+    }
+
+    /// Counts a whole sample of nodes filtered out for `reason` (a hardware
+    /// group whose profile fails a static filter, the offline nodes).
+    pub fn add_sample(&mut self, reason: Incompatible, nodes: &NodeSample) {
+        if let Some(sample) = self.filtered.get_mut(reason.position()) {
+            sample.merge(nodes);
+        }
+    }
+
+    /// Counts a node that passed every filter.
+    pub fn pass(&mut self) {
+        self.passed = self.passed.saturating_add(1);
+    }
+
+    /// Nodes filtered out for `reason`, with the first few of them.
+    pub fn sample(&self, reason: Incompatible) -> NodeSample {
+        self.filtered
+            .get(reason.position())
+            .copied()
+            .unwrap_or_default()
+    }
+
+    /// Nodes filtered out, whatever the reason.
+    pub fn filtered(&self) -> u32 {
+        self.filtered
+            .iter()
+            .fold(0_u32, |sum, sample| sum.saturating_add(sample.count()))
+    }
+
+    /// Nodes looked at: filtered out or passed.
+    pub fn considered(&self) -> u32 {
+        self.filtered().saturating_add(self.passed)
     }
 
     /// The rejections, most frequent first, as text for people.
     pub fn describe(&self) -> String {
         let mut reasons: Vec<(u32, Incompatible)> = Incompatible::ALL
             .iter()
-            .zip(self.counts)
-            .filter(|(_, count)| *count > 0)
-            .map(|(reason, count)| (count, *reason))
+            .map(|reason| (self.sample(*reason).count(), *reason))
+            .filter(|(count, _)| *count > 0)
             .collect();
         reasons.sort_by(|a, b| b.0.cmp(&a.0).then(a.1.cmp(&b.1)));
         if reasons.is_empty() {
@@ -616,12 +729,48 @@ mod tests {
     fn the_tally_counts_every_reason_and_names_them() {
         let mut tally = FilterTally::default();
         for (count, reason) in Incompatible::ALL.iter().enumerate() {
-            for _ in 0..=count {
-                tally.add(*reason);
+            for node in 0..=count {
+                tally.add(*reason, node);
             }
         }
         let text = tally.describe();
         assert!(text.starts_with("10 × energy budget exhausted, 9 × not enough free memory, 8 × no double-precision OpenCL device, 7 × not enough device memory, 6 × no OpenCL device of the wanted type"), "{text}");
         assert!(text.ends_with("1 × node offline"), "{text}");
+    }
+
+    #[test]
+    fn reasons_sit_at_their_position_with_their_serde_code() {
+        for (position, reason) in Incompatible::ALL.iter().enumerate() {
+            assert_eq!(reason.position(), position, "{reason:?}");
+            let serde = serde_json::to_value(reason).unwrap();
+            assert_eq!(serde.as_str(), Some(reason.code()), "{reason:?}");
+        }
+    }
+
+    #[test]
+    fn the_tally_keeps_the_first_five_nodes_of_each_reason_and_counts_the_rest() {
+        let mut tally = FilterTally::default();
+        for node in 0..8 {
+            tally.add(Incompatible::Memory, node);
+        }
+        tally.add(Incompatible::Arch, 42);
+        tally.pass();
+        tally.pass();
+        let memory = tally.sample(Incompatible::Memory);
+        assert_eq!(memory.count(), 8);
+        assert_eq!(memory.examples(), &[0, 1, 2, 3, 4]);
+        assert_eq!(tally.sample(Incompatible::Arch).examples(), &[42]);
+        assert_eq!(tally.sample(Incompatible::Gpu).count(), 0);
+        assert!(tally.sample(Incompatible::Gpu).examples().is_empty());
+        assert_eq!((tally.filtered(), tally.considered()), (9, 11));
+        // A bulk sample tops up the examples and adds its whole count.
+        let mut group = NodeSample::default();
+        for node in 100..107 {
+            group.push(node);
+        }
+        tally.add_sample(Incompatible::Arch, &group);
+        let arch = tally.sample(Incompatible::Arch);
+        assert_eq!(arch.count(), 8);
+        assert_eq!(arch.examples(), &[42, 100, 101, 102, 103]);
     }
 }

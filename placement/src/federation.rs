@@ -597,6 +597,7 @@ mod tests {
                     })
                     .into_iter()
                     .collect(),
+                ..Explanation::default()
             },
         }
     }

@@ -29,6 +29,6 @@ pub use model::{
     QueueState, TaskClass, REFERENCE_CORE_GFLOPS,
 };
 pub use policy::{
-    policy_by_name, Alternative, Decision, Explanation, Outcome, Policy, PolicyError,
+    policy_by_name, Alternative, Decision, Explanation, FilterCount, Outcome, Policy, PolicyError,
     UnknownPolicy, POLICY_NAMES,
 };

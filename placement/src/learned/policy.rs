@@ -10,8 +10,8 @@ use crate::learned::model_file::{LearnedKind, ModelFile};
 use crate::learned::network::{Mlp, Scratch};
 use crate::model::{ClusterView, NodeView, PendingTask};
 use crate::policy::{
-    hold, order, Alternative, Candidate, Decision, Explanation, Index, Outcome, Policy, Round,
-    ALTERNATIVES_SHOWN,
+    filter_counts, hold, order, Alternative, Candidate, Decision, Explanation, Index, Outcome,
+    Policy, Round, ALTERNATIVES_SHOWN,
 };
 
 /// Least-waiting nodes taken from each hardware group for the shortlist.
@@ -143,25 +143,29 @@ impl LearnedPolicy {
         }
     }
 
-    /// Evaluates the candidates on `nodes`, appending them and their features.
+    /// Evaluates the candidates on `nodes`, appending them and their
+    /// features, and counts each node in `tally` unless the shortlist's
+    /// `index` already counted it.
+    #[allow(clippy::too_many_arguments)] // one call's scratch buffers, reused across tasks
     fn gather(
         &self,
         round: &Round<'_>,
         task: &PendingTask,
         nodes: &[usize],
+        index: Option<&Index>,
         tally: &mut FilterTally,
         candidates: &mut Vec<Candidate>,
         feats: &mut Vec<f32>,
     ) {
-        for &index in nodes {
-            let Some((node, load)) = round.node(index) else {
+        for &position in nodes {
+            let Some((node, load)) = round.node(position) else {
                 continue;
             };
-            // One rejection per node in the tally, however many levels it has.
-            let mut per_level = FilterTally::default();
+            let counted = index.is_some_and(|index| index.counted(position));
+            // One count per node in the tally, however many levels it has.
             let mut any = false;
             for level in self.levels(node) {
-                if let Some(candidate) = round.evaluate(index, task, level, &mut per_level) {
+                if let Some(candidate) = round.try_level(position, task, level) {
                     any = true;
                     candidates.push(candidate);
                     feats.extend_from_slice(&features::candidate(
@@ -173,8 +177,14 @@ impl LearnedPolicy {
                     ));
                 }
             }
-            if !any {
-                let _ = round.evaluate(index, task, node.top_power_level(), tally);
+            if counted {
+                continue;
+            }
+            if any {
+                tally.pass();
+            } else {
+                // Fails again, and says why.
+                let _ = round.evaluate(position, task, node.top_power_level(), tally);
             }
         }
     }
@@ -200,7 +210,7 @@ impl Policy for LearnedPolicy {
             shortlist.clear();
             candidates.clear();
             feats.clear();
-            index.candidates(&round, task, FROM_EACH_GROUP, &mut shortlist);
+            index.candidates(&round, task, FROM_EACH_GROUP, &mut shortlist, &mut tally);
             if count > 0 {
                 for _ in 0..RANDOM_SAMPLE {
                     shortlist.push(self.rng.random_range(0..count));
@@ -212,6 +222,7 @@ impl Policy for LearnedPolicy {
                 &round,
                 task,
                 &shortlist,
+                Some(&index),
                 &mut tally,
                 &mut candidates,
                 &mut feats,
@@ -220,10 +231,18 @@ impl Policy for LearnedPolicy {
                 // The shortlist can miss the only nodes that fit; look at all.
                 tally = FilterTally::default();
                 let all: Vec<usize> = (0..count).collect();
-                self.gather(&round, task, &all, &mut tally, &mut candidates, &mut feats);
+                self.gather(
+                    &round,
+                    task,
+                    &all,
+                    None,
+                    &mut tally,
+                    &mut candidates,
+                    &mut feats,
+                );
             }
             if candidates.is_empty() {
-                decisions[position] = Some(hold(task, name, &tally));
+                decisions[position] = Some(hold(view, task, name, &tally));
                 continue;
             }
             for (candidate, row) in candidates.iter_mut().zip(feats.chunks_exact(FEATURES)) {
@@ -245,7 +264,7 @@ impl Policy for LearnedPolicy {
                 }
             }
             let Some(mut picked) = candidates.get(chosen).copied() else {
-                decisions[position] = Some(hold(task, name, &tally));
+                decisions[position] = Some(hold(view, task, name, &tally));
                 continue;
             };
             let chosen_features = feats
@@ -261,10 +280,7 @@ impl Policy for LearnedPolicy {
                 power_action = Some(action);
                 if let Some((node, _)) = round.node(picked.node) {
                     let level = level_for_speed(node, action);
-                    let mut scratch_tally = FilterTally::default();
-                    if let Some(mut at_level) =
-                        round.evaluate(picked.node, task, level, &mut scratch_tally)
-                    {
+                    if let Some(mut at_level) = round.try_level(picked.node, task, level) {
                         at_level.score = picked.score;
                         picked = at_level;
                     }
@@ -325,6 +341,8 @@ impl Policy for LearnedPolicy {
                         (picked.finish_ms - round.now_ms).max(0.0),
                         picked.energy_joules
                     ),
+                    considered: tally.considered(),
+                    filtered: filter_counts(view, &tally),
                     alternatives,
                 },
             });
@@ -333,7 +351,7 @@ impl Policy for LearnedPolicy {
             .into_iter()
             .zip(queue)
             .map(|(decision, task)| {
-                decision.unwrap_or_else(|| hold(task, name, &FilterTally::default()))
+                decision.unwrap_or_else(|| hold(view, task, name, &FilterTally::default()))
             })
             .collect()
     }

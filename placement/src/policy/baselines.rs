@@ -151,12 +151,21 @@ impl Policy for RandomPolicy {
         let mut round = Round::new(view);
         let mut decisions = Vec::with_capacity(queue.len());
         let count = view.nodes.len();
+        // The nodes drawn for the current task: a node drawn twice is looked
+        // at (and counted in the explanation) once. Within a task the round
+        // does not change, so a node that failed once fails again.
+        let mut drawn: Vec<usize> = Vec::with_capacity(RANDOM_TRIES);
         for task in queue {
             let mut tally = FilterTally::default();
             let mut chosen = None;
+            drawn.clear();
             if count > 0 {
                 for _ in 0..RANDOM_TRIES {
                     let index = self.rng.random_range(0..count);
+                    if drawn.contains(&index) {
+                        continue;
+                    }
+                    drawn.push(index);
                     let level = view.nodes[index].top_power_level();
                     if let Some(candidate) = round.evaluate(index, task, level, &mut tally) {
                         chosen = Some(candidate);
@@ -278,7 +287,7 @@ impl Policy for StaticOptimisationPolicy {
             .into_iter()
             .zip(queue)
             .map(|(decision, task)| {
-                decision.unwrap_or_else(|| hold(task, self.name(), &FilterTally::default()))
+                decision.unwrap_or_else(|| hold(view, task, self.name(), &FilterTally::default()))
             })
             .collect()
     }

@@ -41,10 +41,11 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use serde::{Deserialize, Serialize};
 
-use crate::estimate::{self, FilterTally};
+use crate::estimate::{self, FilterTally, Incompatible, NodeSample};
 use crate::model::{ClusterView, NodeView, PendingTask};
 use crate::policy::{
-    conclude, Candidate, Decision, Explanation, Outcome, Policy, Round, TopCandidates,
+    conclude, filter_counts, Candidate, Decision, Explanation, Outcome, Policy, Round,
+    TopCandidates,
 };
 
 /// How the heuristic finds candidate nodes.
@@ -162,6 +163,10 @@ impl HeuristicPolicy {
 /// Nodes of one hardware profile, with heaps by queue wait.
 struct Group {
     representative: usize,
+    /// How many nodes the group has and the first few: when a static filter
+    /// rules out the representative, it rules out all of them, and an
+    /// explanation counts them without looking at each.
+    members: NodeSample,
     by_cpu_wait: BinaryHeap<Reverse<(u64, usize, u32)>>,
     by_gpu_wait: BinaryHeap<Reverse<(u64, usize, u32)>>,
 }
@@ -172,6 +177,13 @@ pub(crate) struct Index {
     groups: Vec<Group>,
     group_of: Vec<usize>,
     version: Vec<u32>,
+    /// The offline nodes (in no group): filtered out for every task.
+    offline: NodeSample,
+    /// Per group, whether a static filter ruled it out for the task of the
+    /// latest [`Index::candidates`] call.
+    rejected: Vec<bool>,
+    /// Nodes that call popped and a load filter ruled out.
+    load_filtered: Vec<usize>,
 }
 
 /// A total order on non-negative waits, as heap keys.
@@ -217,24 +229,33 @@ impl Index {
         let mut by_hash: HashMap<u64, usize> = HashMap::new();
         let mut groups: Vec<Group> = Vec::new();
         let mut group_of = vec![usize::MAX; nodes.len()];
+        let mut offline = NodeSample::default();
         for (index, node) in nodes.iter().enumerate() {
             if !node.online {
+                offline.push(index);
                 continue;
             }
             let group = *by_hash.entry(profile_hash(node)).or_insert_with(|| {
                 groups.push(Group {
                     representative: index,
+                    members: NodeSample::default(),
                     by_cpu_wait: BinaryHeap::new(),
                     by_gpu_wait: BinaryHeap::new(),
                 });
                 groups.len() - 1
             });
+            if let Some(group) = groups.get_mut(group) {
+                group.members.push(index);
+            }
             group_of[index] = group;
         }
         let mut index = Self {
+            rejected: vec![false; groups.len()],
             groups,
             group_of,
             version: vec![0; nodes.len()],
+            offline,
+            load_filtered: Vec::new(),
         };
         for node in 0..nodes.len() {
             index.push(round, node);
@@ -273,19 +294,37 @@ impl Index {
     }
 
     /// The least-waiting compatible nodes of every group that passes the static
-    /// filters for `task`.
+    /// filters for `task`. Counts in `tally` what it rules out: the offline
+    /// nodes and every node of a group a static filter rules out, in bulk,
+    /// and each node it popped that a load filter rules out; the nodes it
+    /// returns are left for the caller to count as it evaluates them.
     pub(crate) fn candidates(
         &mut self,
         round: &Round<'_>,
         task: &PendingTask,
         from_each_group: usize,
         out: &mut Vec<usize>,
+        tally: &mut FilterTally,
     ) {
-        for group in &mut self.groups {
+        self.load_filtered.clear();
+        if self.offline.count() > 0 {
+            tally.add_sample(Incompatible::Offline, &self.offline);
+        }
+        for (group, rejected) in self.groups.iter_mut().zip(self.rejected.iter_mut()) {
             let Some(representative) = round.view.nodes.get(group.representative) else {
+                *rejected = true;
                 continue;
             };
-            if estimate::check_static(representative, task).is_err() {
+            // The profile hash covers everything the static filters read, so
+            // the representative's answer is every member's.
+            *rejected = match estimate::check_static(representative, task) {
+                Ok(()) => false,
+                Err(reason) => {
+                    tally.add_sample(reason, &group.members);
+                    true
+                }
+            };
+            if *rejected {
                 continue;
             }
             let heap = if estimate::runs_on_gpu(representative, task) {
@@ -306,16 +345,36 @@ impl Index {
                 }
                 tries += 1;
                 popped.push(entry);
-                let fits = round
-                    .node(node)
-                    .is_some_and(|(view, load)| estimate::check_load(view, load, task, 0).is_ok());
-                if fits {
-                    taken += 1;
-                    out.push(node);
+                let fits = match round.node(node) {
+                    Some((view, load)) => estimate::check_load(view, load, task, 0),
+                    None => continue,
+                };
+                match fits {
+                    Ok(()) => {
+                        taken += 1;
+                        out.push(node);
+                    }
+                    Err(reason) => {
+                        tally.add(reason, node);
+                        self.load_filtered.push(node);
+                    }
                 }
             }
             heap.extend(popped);
         }
+    }
+
+    /// Whether the latest [`Index::candidates`] call already counted `node`
+    /// (offline, in a group ruled out, or popped and ruled out): a node drawn
+    /// at random on top of the shortlist is then evaluated without counting
+    /// it again.
+    pub(crate) fn counted(&self, node: usize) -> bool {
+        let in_bulk = match self.group_of.get(node) {
+            // `usize::MAX` (offline) is no group: counted with the offline nodes.
+            Some(group) => self.rejected.get(*group).copied().unwrap_or(true),
+            None => false,
+        };
+        in_bulk || self.load_filtered.contains(&node)
     }
 }
 
@@ -423,11 +482,14 @@ fn best_level(
         };
         knobs.crowding_joules_per_second * after_s
     };
+    // The node is counted once, at its top level; lower levels are tried
+    // without counting (a level the energy budget rules out does not rule
+    // out the node).
     let mut fastest = round.evaluate(node_index, task, top, tally)?;
     let Some(deadline) = task.deadline_ms else {
         let mut best = fastest;
         for level in 0..top {
-            if let Some(candidate) = round.evaluate(node_index, task, level, tally) {
+            if let Some(candidate) = round.try_level(node_index, task, level) {
                 if candidate.energy_joules < best.energy_joules {
                     best = candidate;
                 }
@@ -462,7 +524,7 @@ fn best_level(
     }
     let mut chosen = fastest;
     for level in 0..top {
-        if let Some(candidate) = round.evaluate(node_index, task, level, tally) {
+        if let Some(candidate) = round.try_level(node_index, task, level) {
             if candidate.finish_ms + margin <= deadline {
                 chosen = candidate;
                 break;
@@ -494,6 +556,8 @@ impl Policy for HeuristicPolicy {
         let mut candidates = Vec::new();
         let count = view.nodes.len();
         let knobs = Knobs::for_round(&self.tuning, view);
+        // Where nodes the index already counted are counted again, unread.
+        let mut uncounted = FilterTally::default();
         for position in order(view, queue) {
             let task = &queue[position];
             let mut tally = FilterTally::default();
@@ -501,7 +565,13 @@ impl Policy for HeuristicPolicy {
             candidates.clear();
             match index.as_mut() {
                 Some(index) => {
-                    index.candidates(&round, task, self.tuning.from_each_group, &mut candidates);
+                    index.candidates(
+                        &round,
+                        task,
+                        self.tuning.from_each_group,
+                        &mut candidates,
+                        &mut tally,
+                    );
                     if count > 0 {
                         for _ in 0..self.tuning.random_sample {
                             candidates.push(self.rng.random_range(0..count));
@@ -513,7 +583,9 @@ impl Policy for HeuristicPolicy {
                 None => candidates.extend(0..count),
             }
             for node in candidates.iter().copied() {
-                if let Some(candidate) = best_level(&round, node, task, &knobs, &mut tally) {
+                let counted = index.as_ref().is_some_and(|index| index.counted(node));
+                let node_tally = if counted { &mut uncounted } else { &mut tally };
+                if let Some(candidate) = best_level(&round, node, task, &knobs, node_tally) {
                     top.offer(candidate);
                 }
             }
@@ -548,6 +620,8 @@ impl Policy for HeuristicPolicy {
                     explanation: Explanation {
                         policy: name.to_owned(),
                         summary: format!("held: {reason}"),
+                        considered: tally.considered(),
+                        filtered: filter_counts(view, &tally),
                         alternatives,
                     },
                 });
@@ -579,6 +653,8 @@ impl Policy for HeuristicPolicy {
                                 explanation: Explanation {
                                     policy: name.to_owned(),
                                     summary: format!("held: {reason}"),
+                                    considered: tally.considered(),
+                                    filtered: filter_counts(view, &tally),
                                     alternatives,
                                 },
                             });
@@ -602,7 +678,9 @@ impl Policy for HeuristicPolicy {
             .into_iter()
             .zip(queue)
             .map(|(decision, task)| {
-                decision.unwrap_or_else(|| crate::policy::hold(task, name, &FilterTally::default()))
+                decision.unwrap_or_else(|| {
+                    crate::policy::hold(view, task, name, &FilterTally::default())
+                })
             })
             .collect()
     }
