@@ -137,7 +137,17 @@ pub struct TaskDetail {
     pub message: Option<String>,
     /// Whether a cancel was requested.
     pub cancel_requested: bool,
-    /// The latest placement decision's explanation.
+    /// The latest placement decision's explanation, as the engine wrote it
+    /// (kept untyped, so explanations of older and newer coordinators pass
+    /// through): `policy`, `summary` (one line), `considered` (nodes the
+    /// policy looked at), `filtered` (the nodes ruled out, most first:
+    /// `[{"reason": "memory", "count": 7, "nodes": ["pi-1", ...]}]`, the
+    /// reason a stable code such as `offline`, `runtime`, `arch`, `labels`,
+    /// `gpu`, `gpu_kind`, `gpu_memory`, `fp64`, `memory`, `energy_budget`,
+    /// with at most 5 example node ids each) and `alternatives` (the best
+    /// 3 candidates scored, the chosen one first). A forwarded task's adds
+    /// `forwarded_to`, `estimated_finish_ms` and the `local` decision.
+    /// Explanations stored before `considered` and `filtered` existed lack them.
     #[schema(value_type = Option<Object>)]
     pub explanation: Option<serde_json::Value>,
     /// Attempts, first first.

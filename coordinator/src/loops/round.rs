@@ -150,9 +150,14 @@ impl Round {
         };
         let chosen = &self.sites[candidates[site]];
         let name = chosen.digest.site.to_string();
+        // The local decision's node counts at the top level too, so a
+        // forwarded task's explanation reads like any other's (how many
+        // nodes here were looked at, and why they were ruled out).
         let explanation = serde_json::json!({
             "policy": decision.explanation.policy,
             "summary": summary,
+            "considered": decision.explanation.considered,
+            "filtered": decision.explanation.filtered,
             "forwarded_to": name,
             "estimated_finish_ms": finish_ms,
             "local": decision.explanation,
@@ -316,6 +321,8 @@ mod tests {
             panic!("{steps:?}")
         };
         assert_eq!(explanation["policy"], "heuristic");
+        assert_eq!(explanation["considered"], 2, "{explanation}");
+        assert_eq!(explanation["filtered"], serde_json::json!([]));
     }
 
     #[test]
@@ -330,7 +337,13 @@ mod tests {
                 task: 0,
                 explanation,
             }] => {
-                assert!(explanation["summary"].as_str().is_some(), "{explanation}")
+                assert!(explanation["summary"].as_str().is_some(), "{explanation}");
+                // Both nodes ruled out for memory, named.
+                assert_eq!(explanation["considered"], 2, "{explanation}");
+                assert_eq!(
+                    explanation["filtered"],
+                    serde_json::json!([{"reason": "memory", "count": 2, "nodes": ["fast", "slow"]}])
+                );
             }
             other => panic!("expected a hold, got {other:?}"),
         }
@@ -368,6 +381,10 @@ mod tests {
         };
         assert_eq!((name.as_str(), *attempt), ("site-b", 1));
         assert_eq!(explanation["forwarded_to"], "site-b");
+        // What the local policy looked at travels with the forward.
+        assert_eq!(explanation["considered"], 2, "{explanation}");
+        assert_eq!(explanation["filtered"], serde_json::json!([]));
+        assert_eq!(explanation["local"]["considered"], 2, "{explanation}");
     }
 
     #[test]
