@@ -163,6 +163,8 @@ pub(crate) struct Counters {
     /// their reason in `ReportRefused::REASONS`.
     pub(crate) reports_refused:
         [std::sync::atomic::AtomicU64; domain::reports::ReportRefused::REASONS.len()],
+    /// How long each scheduling round's placement decision took.
+    pub(crate) placement_decisions: loops::scheduler::DecisionTimes,
 }
 
 impl Counters {

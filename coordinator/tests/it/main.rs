@@ -9,6 +9,7 @@ mod common;
 mod delivery;
 mod federation;
 mod ingest;
+mod metrics;
 mod reports;
 mod rest;
 mod store;

@@ -1,4 +1,7 @@
-//! `GET /metrics`: Prometheus text of the coordinator's gauges and counters.
+//! `GET /metrics`: Prometheus text of the coordinator's gauges, counters and
+//! the placement decision-time histogram, written by hand (a handful of
+//! series does not need a metrics crate). [`SERIES`] lists every metric the
+//! coordinator exports, so a dashboard's queries can be checked against it.
 
 use std::sync::Arc;
 
@@ -8,9 +11,44 @@ use axum::response::{IntoResponse, Response};
 use starling_api::{ApiError, TaskStatus};
 
 use crate::http::error::HttpError;
+use crate::loops::scheduler::DecisionTimesSnapshot;
 use crate::Shared;
 
-/// Prometheus metrics: nodes, tasks by state, MQTT messages handled and ignored.
+/// Every metric `/metrics` exports (a histogram by its base name), the
+/// federation's only when `--site` is set. `deploy/grafana/starling.json`
+/// queries only these, and the handler writes only these (checked in debug
+/// builds, which the integration tests run); tests hold both to it.
+pub(crate) const SERIES: &[&str] = &[
+    "starling_nodes",
+    "starling_nodes_online",
+    "starling_tasks",
+    "starling_queue_length",
+    "starling_placement_decision_seconds",
+    "starling_mqtt_messages_handled_total",
+    "starling_mqtt_messages_ignored_total",
+    "starling_reports_refused_total",
+    "starling_task_events_duplicate_total",
+    "starling_assignments_published_total",
+    "starling_assignments_resent_total",
+    "starling_assignments_rejected_total",
+    "starling_nodes_suspected_total",
+    "starling_stale_attempts_cancelled_total",
+    "starling_attempts_ended_total",
+    "starling_federation_sites",
+    "starling_gossip_datagrams_sent_total",
+    "starling_gossip_bytes_sent_total",
+    "starling_gossip_datagrams_received_total",
+    "starling_gossip_bytes_received_total",
+    "starling_gossip_datagrams_refused_total",
+    "starling_gossip_datagrams_malformed_total",
+    "starling_gossip_digests_dropped_total",
+];
+
+/// The states `starling_nodes` counts, in order.
+const NODE_STATES: [&str; 4] = ["online", "suspect", "offline", "revoked"];
+
+/// Prometheus metrics: nodes and tasks by state, the queue, placement
+/// decision time, MQTT messages handled and ignored, and more.
 #[utoipa::path(
     get,
     path = "/metrics",
@@ -23,33 +61,56 @@ pub(crate) async fn metrics(State(shared): State<Arc<Shared>>) -> Result<Respons
     use std::fmt::Write as _;
     use std::sync::atomic::Ordering::Relaxed;
     let counts = shared.store.task_counts().await?;
-    let (nodes, online) = {
+    // Revoked first (a revoked node is also offline), then what the node
+    // said, and suspect where liveness marked it offline for its silence.
+    let mut node_states = [0_u64; NODE_STATES.len()];
+    {
         let registry = shared.registry();
-        (
-            registry.len(),
-            registry.nodes().filter(|node| node.online()).count(),
-        )
-    };
+        for node in registry.nodes() {
+            let state = if shared
+                .mqtt_access
+                .is_revoked(node.capability.node_id.as_str())
+            {
+                3
+            } else if node.online() {
+                0
+            } else if node.silent {
+                1
+            } else {
+                2
+            };
+            if let Some(count) = node_states.get_mut(state) {
+                *count += 1;
+            }
+        }
+    }
+    let online = node_states[0];
     let counters = &shared.counters;
     let mut text = String::new();
     // Writing to a String cannot fail.
     let mut metric = |name: &str, kind: &str, help: &str, samples: &[(String, u64)]| {
+        debug_assert!(SERIES.contains(&name), "{name} is missing from SERIES");
         let _ = writeln!(text, "# HELP {name} {help}\n# TYPE {name} {kind}");
         for (labels, value) in samples {
             let _ = writeln!(text, "{name}{labels} {value}");
         }
     };
+    let nodes: Vec<(String, u64)> = NODE_STATES
+        .iter()
+        .zip(node_states)
+        .map(|(state, count)| (format!("{{state=\"{state}\"}}"), count))
+        .collect();
     metric(
         "starling_nodes",
         "gauge",
-        "Nodes known to the coordinator.",
-        &[(String::new(), nodes as u64)],
+        "Nodes known to the coordinator by state: online; suspect (offline because nothing was heard from it within the node timeout); offline (it said so); revoked.",
+        &nodes,
     );
     metric(
         "starling_nodes_online",
         "gauge",
         "Nodes online.",
-        &[(String::new(), online as u64)],
+        &[(String::new(), online)],
     );
     let tasks: Vec<(String, u64)> = TaskStatus::ALL
         .into_iter()
@@ -62,6 +123,16 @@ pub(crate) async fn metrics(State(shared): State<Arc<Shared>>) -> Result<Respons
         })
         .collect();
     metric("starling_tasks", "gauge", "Tasks by state.", &tasks);
+    let pending = counts
+        .iter()
+        .find(|(status, _)| *status == TaskStatus::Pending)
+        .map_or(0, |(_, count)| *count);
+    metric(
+        "starling_queue_length",
+        "gauge",
+        "Tasks waiting to be placed (pending, held ones included).",
+        &[(String::new(), pending)],
+    );
     metric(
         "starling_mqtt_messages_handled_total",
         "counter",
@@ -167,5 +238,115 @@ pub(crate) async fn metrics(State(shared): State<Arc<Shared>>) -> Result<Respons
             metric(name, "counter", help, &[(String::new(), counter.load(Relaxed))]);
         }
     }
+    histogram(
+        &mut text,
+        "starling_placement_decision_seconds",
+        "Time the placement policy took to decide one scheduling round (every pending task in the round's window), seconds.",
+        &counters.placement_decisions.snapshot(),
+    );
     Ok(([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text).into_response())
+}
+
+/// Writes a histogram in the Prometheus text format: cumulative buckets by
+/// upper bound, `+Inf`, the sum and the count.
+fn histogram(text: &mut String, name: &str, help: &str, snapshot: &DecisionTimesSnapshot) {
+    use std::fmt::Write as _;
+    debug_assert!(SERIES.contains(&name), "{name} is missing from SERIES");
+    // Writing to a String cannot fail.
+    let _ = writeln!(text, "# HELP {name} {help}\n# TYPE {name} histogram");
+    for (bound, count) in &snapshot.buckets {
+        let _ = writeln!(text, "{name}_bucket{{le=\"{bound}\"}} {count}");
+    }
+    let _ = writeln!(
+        text,
+        "{name}_bucket{{le=\"+Inf\"}} {count}\n{name}_sum {sum}\n{name}_count {count}",
+        count = snapshot.count,
+        sum = snapshot.sum_s
+    );
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+mod tests {
+    use super::*;
+
+    /// The metric names a PromQL expression reads: every identifier that
+    /// starts with `starling_`, with a histogram's `_bucket`, `_sum` and
+    /// `_count` suffix taken off.
+    fn metric_names(expr: &str) -> Vec<String> {
+        let mut names = Vec::new();
+        let mut rest = expr;
+        while let Some(start) = rest.find("starling_") {
+            let tail = &rest[start..];
+            let end = tail
+                .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+                .unwrap_or(tail.len());
+            let name = &tail[..end];
+            let base = ["_bucket", "_sum", "_count"]
+                .iter()
+                .find_map(|suffix| {
+                    name.strip_suffix(suffix)
+                        .filter(|base| SERIES.contains(base))
+                })
+                .unwrap_or(name);
+            names.push(base.to_owned());
+            rest = &tail[end..];
+        }
+        names
+    }
+
+    /// Every `expr` in the dashboard, panels nested in rows included.
+    fn exprs(value: &serde_json::Value, out: &mut Vec<String>) {
+        match value {
+            serde_json::Value::Object(map) => {
+                for (key, value) in map {
+                    match (key.as_str(), value) {
+                        ("expr", serde_json::Value::String(expr)) => out.push(expr.clone()),
+                        _ => exprs(value, out),
+                    }
+                }
+            }
+            serde_json::Value::Array(items) => items.iter().for_each(|item| exprs(item, out)),
+            _ => {}
+        }
+    }
+
+    #[test]
+    fn metric_names_come_out_of_promql() {
+        assert_eq!(
+            metric_names(
+                "histogram_quantile(0.99, sum by (le) (rate(starling_placement_decision_seconds_bucket[5m])))"
+            ),
+            vec!["starling_placement_decision_seconds"]
+        );
+        assert_eq!(
+            metric_names("sum(starling_nodes{state=\"online\"}) / starling_queue_length"),
+            vec!["starling_nodes", "starling_queue_length"]
+        );
+        assert!(metric_names("up").is_empty());
+    }
+
+    /// The Grafana dashboard queries only metrics the coordinator exports.
+    /// (The integration test `metrics` checks it against a live `/metrics`
+    /// too.)
+    #[test]
+    fn the_grafana_dashboard_reads_only_exported_metrics() {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../deploy/grafana/starling.json");
+        let text = std::fs::read_to_string(&path).unwrap();
+        let dashboard: serde_json::Value = serde_json::from_str(&text).unwrap();
+        let mut found = Vec::new();
+        exprs(&dashboard, &mut found);
+        assert!(found.len() >= 7, "{found:?}");
+        for expr in &found {
+            let names = metric_names(expr);
+            assert!(!names.is_empty(), "{expr} reads no Starling metric");
+            for name in names {
+                assert!(
+                    SERIES.contains(&name.as_str()),
+                    "the dashboard queries {name}, which /metrics does not export ({expr})"
+                );
+            }
+        }
+    }
 }
