@@ -5,6 +5,8 @@
 use reqwest::StatusCode;
 use serde::de::DeserializeOwned;
 
+pub use crate::event_stream::{EventFilter, EventStream, StreamMessage};
+
 use crate::{
     ApiError, ApiTokenCreated, ApiTokenList, ArtifactSignature, ArtifactStored, CreateApiToken,
     CreateJoinToken, EnrollRequest, ErrorCode, Health, Identity, JoinTokenCreated, NodeCredentials,
@@ -136,6 +138,27 @@ impl Client {
         request: reqwest::RequestBuilder,
         url: &str,
     ) -> Result<T, ClientError> {
+        let response = self.respond(request, url).await?;
+        let body = response
+            .bytes()
+            .await
+            .map_err(|error| ClientError::Protocol {
+                url: url.to_string(),
+                detail: describe(&error),
+            })?;
+        serde_json::from_slice(&body).map_err(|error| ClientError::Protocol {
+            url: url.to_string(),
+            detail: error.to_string(),
+        })
+    }
+
+    /// Sends a request with the token; a refusal comes back as
+    /// [`ClientError::Api`], a success as the response with its body unread.
+    async fn respond(
+        &self,
+        request: reqwest::RequestBuilder,
+        url: &str,
+    ) -> Result<reqwest::Response, ClientError> {
         let request = match &self.token {
             Some(token) => request.bearer_auth(token),
             None => request,
@@ -154,6 +177,9 @@ impl Client {
             }
         })?;
         let status = response.status();
+        if status.is_success() {
+            return Ok(response);
+        }
         let body = response
             .bytes()
             .await
@@ -161,28 +187,22 @@ impl Client {
                 url: url.to_string(),
                 detail: describe(&error),
             })?;
-        if !status.is_success() {
-            return Err(match serde_json::from_slice::<ApiError>(&body) {
-                Ok(error) => ClientError::Api {
-                    status: status.as_u16(),
-                    code: error.error,
-                    label: wire_code(&body).unwrap_or_else(|| error.error.to_string()),
-                    message: error.message,
-                },
-                Err(_) => ClientError::Api {
-                    status: status.as_u16(),
-                    code: ErrorCode::Unknown,
-                    label: status
-                        .canonical_reason()
-                        .unwrap_or("error")
-                        .to_ascii_lowercase(),
-                    message: String::from_utf8_lossy(&body).trim().to_string(),
-                },
-            });
-        }
-        serde_json::from_slice(&body).map_err(|error| ClientError::Protocol {
-            url: url.to_string(),
-            detail: error.to_string(),
+        Err(match serde_json::from_slice::<ApiError>(&body) {
+            Ok(error) => ClientError::Api {
+                status: status.as_u16(),
+                code: error.error,
+                label: wire_code(&body).unwrap_or_else(|| error.error.to_string()),
+                message: error.message,
+            },
+            Err(_) => ClientError::Api {
+                status: status.as_u16(),
+                code: ErrorCode::Unknown,
+                label: status
+                    .canonical_reason()
+                    .unwrap_or("error")
+                    .to_ascii_lowercase(),
+                message: String::from_utf8_lossy(&body).trim().to_string(),
+            },
         })
     }
 
@@ -246,6 +266,50 @@ impl Client {
     pub async fn task(&self, id: &str) -> Result<TaskDetail, ClientError> {
         let url = self.id_url("/tasks", "task id", id, "")?;
         self.send(self.http.get(&url), &url).await
+    }
+
+    /// `GET /tasks/{id}?wait=…`: a long poll that answers once the task has
+    /// ended, or after `wait` (at most 60 s) with the task as it stands.
+    pub async fn task_wait(
+        &self,
+        id: &str,
+        wait: std::time::Duration,
+    ) -> Result<TaskDetail, ClientError> {
+        let url = self.id_url("/tasks", "task id", id, "")?;
+        let wait = format!("{}ms", wait.as_millis());
+        self.send(self.http.get(&url).query(&[("wait", wait)]), &url)
+            .await
+    }
+
+    /// `GET /events`: the live event stream, filtered, resuming after
+    /// `resume` (an id the stream gave) when given.
+    pub async fn events(
+        &self,
+        filter: &EventFilter,
+        resume: Option<&str>,
+    ) -> Result<EventStream, ClientError> {
+        let url = self.url("/events");
+        let mut query = Vec::new();
+        if let Some(task) = &filter.task {
+            query.push(("task", task.clone()));
+        }
+        if let Some(node) = &filter.node {
+            query.push(("node", node.clone()));
+        }
+        if !filter.kinds.is_empty() {
+            let kinds: Vec<&str> = filter.kinds.iter().map(|kind| kind.as_str()).collect();
+            query.push(("kind", kinds.join(",")));
+        }
+        let mut request = self
+            .http
+            .get(&url)
+            .query(&query)
+            .header(reqwest::header::ACCEPT, "text/event-stream");
+        if let Some(resume) = resume {
+            request = request.header("Last-Event-ID", resume);
+        }
+        let response = self.respond(request, &url).await?;
+        Ok(EventStream::new(response, url))
     }
 
     /// `POST /tasks/{id}/cancel`.

@@ -13,6 +13,9 @@ pub mod artifacts;
 #[cfg(feature = "client")]
 pub mod client;
 pub mod error;
+#[cfg(feature = "client")]
+mod event_stream;
+pub mod events;
 pub mod federation;
 pub mod nodes;
 pub mod task;
@@ -24,6 +27,10 @@ pub use access::{
 };
 pub use artifacts::{ArtifactSignature, ArtifactStored};
 pub use error::{ApiError, ErrorCode};
+pub use events::{
+    EventKind, LiveEvent, NodeChange, NodeChangeKind, SiteChange, StreamPosition, StreamReset,
+    TaskChange, TelemetrySample,
+};
 pub use federation::{
     ForwardAccepted, ForwardRequest, ForwardStatus, SiteEntry, SiteList, SiteState,
 };

@@ -9,7 +9,7 @@ use base64::Engine as _;
 use clap::{Parser, Subcommand};
 use indicatif::{ProgressBar, ProgressStyle};
 
-use starling_api::client::{Client, ClientError};
+use starling_api::client::{Client, ClientError, EventFilter};
 use starling_api::{
     ArtifactSignature, ArtifactStored, CreateApiToken, CreateJoinToken, ErrorCode, NodeSummary,
     Role, SiteList, SubmitTask, TaskDetail, TaskKind, TaskLimits, TaskStatus, TaskSummary,
@@ -27,12 +27,10 @@ pub const EXIT_USAGE: i32 = 2;
 /// Exit status: the coordinator could not be reached.
 pub const EXIT_UNREACHABLE: i32 = 3;
 
-/// The first wait of `run --wait` between two looks at the task's state. Short
-/// tasks finish in tens of milliseconds; the wait doubles from here up to
-/// [`POLL_INTERVAL_MAX`], so long tasks cost the coordinator five requests a second.
-const POLL_INTERVAL_MIN: Duration = Duration::from_millis(5);
-/// The longest wait between two looks at the task's state.
-const POLL_INTERVAL_MAX: Duration = Duration::from_millis(200);
+/// How long one long poll of `--wait` asks the coordinator to hold the
+/// request: the answer comes as soon as the task ends, so this only bounds
+/// how often a long task costs a request.
+const LONG_POLL: Duration = Duration::from_secs(30);
 
 const EXAMPLES: &str = "\
 Examples:
@@ -50,6 +48,9 @@ Examples:
                                                   input = its input buffers, little-endian
   starling tasks --state failed                   recent failed tasks
   starling task 0190c3e4-…                        one task: state, node, output, why it went there
+  starling task 0190c3e4-… --wait                 wait for it to end, then show it
+  starling watch --node pi-7                      live events of one node (--json: one object a line)
+  starling watch --kind task                      every task state change as it happens
   starling cancel 0190c3e4-…
   starling token create --ttl 1h --uses 3         a join token for enrolling up to 3 agents (operator)
   starling image configure starling-arm64.img --coordinator-url http://10.0.0.2:7878 \\
@@ -191,6 +192,23 @@ pub enum Command {
     Task {
         /// The task's id.
         id: String,
+        /// Wait until the task has ended first (exit status 1 unless it succeeded).
+        #[arg(long)]
+        wait: bool,
+    },
+    /// Print live events as they happen: task state changes, nodes coming and going,
+    /// telemetry (once a second per node), sites. Runs until interrupted; resumes
+    /// where it was after a dropped connection.
+    Watch {
+        /// Only events of this node (its changes, telemetry, and tasks on it).
+        #[arg(long, value_name = "ID")]
+        node: Option<String>,
+        /// Only events of this task.
+        #[arg(long, value_name = "ID")]
+        task: Option<String>,
+        /// Only these kinds, comma-separated: task, node, telemetry, site.
+        #[arg(long, value_name = "KINDS", value_delimiter = ',')]
+        kind: Vec<starling_api::EventKind>,
     },
     /// Cancel a task.
     Cancel {
@@ -555,14 +573,30 @@ async fn dispatch(cli: &Cli, client: &Client) -> Result<i32, CliError> {
             }
             Ok(EXIT_OK)
         }
-        Command::Task { id } => {
-            let task = client.task(id).await?;
+        Command::Task { id, wait } => {
+            let task = if *wait {
+                wait_for_end(client, id, cli.json).await?
+            } else {
+                client.task(id).await?
+            };
             if cli.json {
                 print_json(&task)?;
             } else {
                 print_task(&task);
             }
-            Ok(EXIT_OK)
+            Ok(if *wait && task.state != TaskStatus::Succeeded {
+                EXIT_TASK_FAILED
+            } else {
+                EXIT_OK
+            })
+        }
+        Command::Watch { node, task, kind } => {
+            let filter = EventFilter {
+                task: task.clone(),
+                node: node.clone(),
+                kinds: kind.clone(),
+            };
+            crate::watch::watch(client, &filter, cli.json).await
         }
         Command::Cancel { id } => {
             let task = client.cancel(id).await?;
@@ -846,9 +880,10 @@ async fn wait_for_end(client: &Client, id: &str, json: bool) -> Result<TaskDetai
         spinner
     };
     let started = Instant::now();
-    let mut interval = POLL_INTERVAL_MIN;
     loop {
-        let task = client.task(id).await?;
+        // Answered when the task ends (or after LONG_POLL): no poll loop, so
+        // the result arrives as soon as the coordinator records it.
+        let task = client.task_wait(id, LONG_POLL).await?;
         spinner.set_message(format!(
             "task {} {}{}",
             task.id,
@@ -863,8 +898,6 @@ async fn wait_for_end(client: &Client, id: &str, json: bool) -> Result<TaskDetai
             tracing::debug!(elapsed = ?started.elapsed(), "task ended");
             return Ok(task);
         }
-        tokio::time::sleep(interval).await;
-        interval = (interval * 2).min(POLL_INTERVAL_MAX);
     }
 }
 

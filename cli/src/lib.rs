@@ -11,6 +11,7 @@ pub mod manifest;
 pub mod publisher;
 #[cfg(feature = "up")]
 pub mod up;
+pub mod watch;
 
 pub use command::{run, Cli, Command, EXIT_OK, EXIT_TASK_FAILED, EXIT_UNREACHABLE, EXIT_USAGE};
 

@@ -138,6 +138,10 @@ pub(crate) struct Shared {
     pub(crate) federation: Option<Arc<federation::Federation>>,
     /// Sends assignments and cancels (the handle the loops get too).
     pub(crate) publisher: mqtt::publish::Publisher,
+    /// The live events behind `GET /api/v1/events` and long polls.
+    pub(crate) feed: crate::live::Feed,
+    /// The console's sessions and sparkline history.
+    pub(crate) console: http::console::Console,
 }
 
 /// Counters exported on `GET /metrics`.
@@ -209,6 +213,7 @@ impl Shared {
             wake_scheduler: self.wake_scheduler.clone(),
             broker_up_since_ms: self.broker_up_since_ms.clone(),
             counters: self.counters.clone(),
+            feed: self.feed.clone(),
         }
     }
 
@@ -421,7 +426,10 @@ pub async fn start(config: CoordinatorConfig) -> Result<Running, StartError> {
             source,
         })?;
     }
-    let store = Store::open(&config.database_url()).await?;
+    let feed = crate::live::Feed::new(config.event_buffer);
+    let store = Store::open(&config.database_url())
+        .await?
+        .with_feed(feed.clone());
     let signer =
         match signing::Signer::load(&store, config.assignment_ttl, task::unix_now_ms()).await {
             Ok(signer) => signer,
@@ -531,6 +539,9 @@ pub async fn start(config: CoordinatorConfig) -> Result<Running, StartError> {
         None => None,
     };
 
+    if let Some(federation) = &federation {
+        federation.gossip.table().announce_to(feed.clone());
+    }
     let counters = Arc::new(Counters::default());
     let registry = Arc::new(NodeRegistry::new());
     let publisher = mqtt::publish::Publisher {
@@ -565,6 +576,8 @@ pub async fn start(config: CoordinatorConfig) -> Result<Running, StartError> {
         counters,
         federation: federation.clone(),
         publisher,
+        feed,
+        console: http::console::Console::new(config.rest_tls.is_some()),
     });
     let (stop, stop_rx) = watch::channel(false);
     let (messages_tx, messages_rx) = tokio::sync::mpsc::channel(1024);
@@ -607,6 +620,7 @@ pub async fn start(config: CoordinatorConfig) -> Result<Running, StartError> {
                 wake_scheduler: shared.wake_scheduler.clone(),
                 node_timeout_ms: shared.node_timeout_ms,
                 max_attempts: shared.max_attempts,
+                feed: shared.feed.clone(),
             },
             stop_rx.clone(),
         )),
@@ -643,9 +657,13 @@ pub async fn start(config: CoordinatorConfig) -> Result<Running, StartError> {
     }
     let router = http::router(shared.clone());
     let mut http_stop = stop_rx;
+    let feed = shared.feed.clone();
     tasks.push(tokio::spawn(async move {
         let shutdown = async move {
             let _ = http_stop.wait_for(|stopped| *stopped).await;
+            // Streams and long polls end now, so the graceful shutdown does
+            // not wait out its grace period on them.
+            feed.close();
         };
         let served = http::serve(rest_listener, router, rest_tls_config, shutdown).await;
         if let Err(error) = served {

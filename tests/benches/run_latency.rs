@@ -1,30 +1,107 @@
-//! Time from `starling run` to output for a trivial task, over the whole real
-//! path (CLI process → REST → store → placement → MQTT → agent → wasmtime →
-//! event → store → CLI), beside the floor: instantiating and running the same
-//! module in-process with the agent's own executor.
+//! Time from submitting a trivial task to having its result, over the whole
+//! real path (REST → store → placement → MQTT → agent → wasmtime → event →
+//! store → client), beside the floor: instantiating and running the same
+//! module in-process with the agent's own executor. Measured four ways in one
+//! run: the result pushed on the live event stream, the same task polled the
+//! way `starling run --wait` did before the stream existed, `starling run
+//! --wait` as a user runs it (a CLI process, which now long-polls), and the
+//! pushed result again while a client that stopped reading holds a stream
+//! open. Also where the time goes, from the arrival of each state on the
+//! stream.
 //!
 //! `cargo bench -p starling-tests --bench run_latency` (release build), or with
-//! `-- --runs N`. Prints a Markdown table for BENCHMARKS.md.
+//! `-- --runs N`; `-- --write` also rewrites the table in BENCHMARKS.md.
 #![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
 
+use std::io::Write as _;
 use std::time::{Duration, Instant};
 
 use starling_agent::wasm::WasmExecutor;
+use starling_api::client::{Client, EventFilter, EventStream, StreamMessage};
+use starling_api::{EventKind, LiveEvent, SubmitTask, TaskStatus};
 use starling_proto::ExecLimits;
 use starling_tests::{bench_progress, modules, wasm_file, Agent, Coordinator, Store};
 
-fn median_and_p90(samples: &mut [Duration]) -> (Duration, Duration) {
+fn quantile(samples: &mut [Duration], q: f64) -> Duration {
     samples.sort();
-    let p = |q: f64| samples[((samples.len() as f64 - 1.0) * q).round() as usize];
-    (p(0.5), p(0.9))
+    samples[((samples.len() as f64 - 1.0) * q).round() as usize]
+}
+
+fn ms(duration: Duration) -> f64 {
+    duration.as_secs_f64() * 1e3
+}
+
+/// Each state's arrival on the stream after the submit was sent.
+#[derive(Default, Clone, Copy)]
+struct Timeline {
+    pending: Duration,
+    assigned: Duration,
+    running: Duration,
+    succeeded: Duration,
+}
+
+async fn submit_and_watch(
+    client: &Client,
+    stream: &mut EventStream,
+    task: &SubmitTask,
+) -> Timeline {
+    let start = Instant::now();
+    let id = client.submit(task).await.unwrap().id;
+    let mut timeline = Timeline::default();
+    loop {
+        let message = tokio::time::timeout(Duration::from_secs(30), stream.next())
+            .await
+            .expect("the result within 30 s")
+            .expect("the stream is open")
+            .unwrap();
+        let StreamMessage::Event {
+            event: LiveEvent::Task(change),
+            ..
+        } = message
+        else {
+            panic!("unexpected {message:?}");
+        };
+        if change.task_id != id {
+            continue;
+        }
+        let at = start.elapsed();
+        match change.status {
+            TaskStatus::Pending => timeline.pending = at,
+            TaskStatus::Assigned => timeline.assigned = at,
+            TaskStatus::Running => timeline.running = at,
+            TaskStatus::Succeeded => {
+                timeline.succeeded = at;
+                return timeline;
+            }
+            other => panic!("task {id} {other}"),
+        }
+    }
+}
+
+/// Submits and polls with the schedule `starling run --wait` used before the
+/// stream: after 5 ms, doubling up to 200 ms.
+async fn submit_and_poll(client: &Client, task: &SubmitTask) -> Duration {
+    let start = Instant::now();
+    let id = client.submit(task).await.unwrap().id;
+    let mut interval = Duration::from_millis(5);
+    loop {
+        if client.task(&id).await.unwrap().state.is_terminal() {
+            return start.elapsed();
+        }
+        tokio::time::sleep(interval).await;
+        interval = (interval * 2).min(Duration::from_millis(200));
+    }
 }
 
 fn main() {
     let mut runs = 100usize;
+    let mut write = false;
     let mut args = std::env::args().skip(1);
     while let Some(arg) = args.next() {
-        if arg == "--runs" {
-            runs = args.next().and_then(|n| n.parse().ok()).unwrap_or(runs);
+        match arg.as_str() {
+            "--runs" => runs = args.next().and_then(|n| n.parse().ok()).unwrap_or(runs),
+            "--write" => write = true,
+            _ => {}
         }
     }
     let input = b"ping";
@@ -45,7 +122,7 @@ fn main() {
     }
     bar.finish_and_clear();
 
-    // The whole path: embedded broker, SQLite, one agent, the CLI as a user runs it.
+    // The whole path: embedded broker, SQLite, one agent.
     let coordinator = Coordinator::start(None, Store::Sqlite, &[]);
     let _agent = Agent::start(&coordinator, &coordinator.mqtt, "bench", "");
     coordinator.wait_for_nodes(1, Duration::from_secs(30));
@@ -57,6 +134,19 @@ fn main() {
         .as_str()
         .unwrap()
         .to_string();
+    let task: SubmitTask =
+        serde_json::from_value(serde_json::json!({ "artifact": digest, "input_text": "ping" }))
+            .unwrap();
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let client = Client::new(&coordinator.rest, Some(coordinator.token.clone()));
+    let tasks_only = EventFilter {
+        kinds: vec![EventKind::Task],
+        ..EventFilter::default()
+    };
+
     // One warm-up run fills the agent's module cache, as in steady state.
     let warm = coordinator.cli(&["run", &digest, "--input", "-", "--wait"], Some(input));
     assert!(
@@ -64,6 +154,21 @@ fn main() {
         "{}",
         String::from_utf8_lossy(&warm.stderr)
     );
+
+    let (mut pushed, mut polled, mut timelines) = (Vec::new(), Vec::new(), Vec::new());
+    let bar = bench_progress(runs, "submit → result: pushed, then polled");
+    runtime.block_on(async {
+        let mut stream = client.events(&tasks_only, None).await.unwrap();
+        for _ in 0..runs {
+            let timeline = submit_and_watch(&client, &mut stream, &task).await;
+            pushed.push(timeline.succeeded);
+            timelines.push(timeline);
+            polled.push(submit_and_poll(&client, &task).await);
+            bar.inc(1);
+        }
+    });
+    bar.finish_and_clear();
+
     let mut whole = Vec::with_capacity(runs);
     let bar = bench_progress(runs, "starling run --wait");
     for _ in 0..runs {
@@ -80,24 +185,111 @@ fn main() {
     }
     bar.finish_and_clear();
 
-    let (floor_median, floor_p90) = median_and_p90(&mut floor);
-    let (whole_median, whole_p90) = median_and_p90(&mut whole);
+    // A client that stopped reading: a raw stream with a small window that
+    // nothing reads while the pushed results are measured again.
+    let addr = coordinator.rest.trim_start_matches("http://").to_owned();
+    let mut stalled = runtime.block_on(async {
+        let socket = tokio::net::TcpSocket::new_v4().unwrap();
+        socket.set_recv_buffer_size(4096).unwrap();
+        socket
+            .connect(addr.parse().unwrap())
+            .await
+            .unwrap()
+            .into_std()
+            .unwrap()
+    });
+    stalled.set_nonblocking(false).unwrap();
+    write!(
+        stalled,
+        "GET /api/v1/events HTTP/1.1\r\nHost: {addr}\r\nAuthorization: Bearer {}\r\n\r\n",
+        coordinator.token
+    )
+    .unwrap();
+    let mut beside_stalled = Vec::with_capacity(runs);
+    let bar = bench_progress(runs, "pushed, beside a stalled client");
+    runtime.block_on(async {
+        let mut stream = client.events(&tasks_only, None).await.unwrap();
+        for _ in 0..runs {
+            beside_stalled.push(
+                submit_and_watch(&client, &mut stream, &task)
+                    .await
+                    .succeeded,
+            );
+            bar.inc(1);
+        }
+    });
+    bar.finish_and_clear();
+    drop(stalled);
+
+    let floor_p50 = quantile(&mut floor, 0.5);
+    let row = |name: &str, samples: &mut Vec<Duration>| {
+        let p50 = quantile(samples, 0.5);
+        let p90 = quantile(samples, 0.9);
+        format!(
+            "| {name} | {:.2} ms | {:.2} ms | {:.0} |",
+            ms(p50),
+            ms(p90),
+            p50.as_secs_f64() / floor_p50.as_secs_f64()
+        )
+    };
     let profile = if cfg!(debug_assertions) {
         "debug"
     } else {
         "release"
     };
-    println!("| path ({runs} runs, {profile} build) | median | p90 | ratio to floor (median) |");
-    println!("| --- | ---: | ---: | ---: |");
-    println!(
-        "| in-process instantiate + run (floor) | {:.2} ms | {:.2} ms | 1.0 |",
-        floor_median.as_secs_f64() * 1e3,
-        floor_p90.as_secs_f64() * 1e3
-    );
-    println!(
-        "| `starling run DIGEST --wait`, end to end | {:.2} ms | {:.2} ms | {:.0} |",
-        whole_median.as_secs_f64() * 1e3,
-        whole_p90.as_secs_f64() * 1e3,
-        whole_median.as_secs_f64() / floor_median.as_secs_f64()
-    );
+    let mut table = vec![
+        format!("| path ({runs} runs each, {profile} build) | p50 | p90 | p50 / floor |"),
+        "| --- | ---: | ---: | ---: |".to_owned(),
+        row("in-process instantiate + run (floor)", &mut floor),
+        row("REST submit → `succeeded` event on the stream", &mut pushed),
+        row(
+            "REST submit → result by polling (the old `--wait`: 5 ms, doubling to 200 ms)",
+            &mut polled,
+        ),
+        row(
+            "`starling run DIGEST --wait` (CLI process, long poll)",
+            &mut whole,
+        ),
+        row(
+            "REST submit → `succeeded` event, beside a stalled stream client",
+            &mut beside_stalled,
+        ),
+    ];
+    // Where the pushed path's time goes: the median of each step, from the
+    // arrival of one state on the stream to the next.
+    let step = |from: fn(&Timeline) -> Duration, to: fn(&Timeline) -> Duration| {
+        let mut gaps: Vec<Duration> = timelines
+            .iter()
+            .map(|t| to(t).saturating_sub(from(t)))
+            .collect();
+        ms(quantile(&mut gaps, 0.5))
+    };
+    table.push(String::new());
+    table.push("| step of the pushed path (medians) | time |".to_owned());
+    table.push("| --- | ---: |".to_owned());
+    for (name, value) in [
+        (
+            "submit sent → `pending` (REST, store insert)",
+            step(|_| Duration::ZERO, |t| t.pending),
+        ),
+        (
+            "`pending` → `assigned` (scheduler wake, placement, store)",
+            step(|t| t.pending, |t| t.assigned),
+        ),
+        (
+            "`assigned` → `running` (sign, MQTT to the agent, its `running` event back, store)",
+            step(|t| t.assigned, |t| t.running),
+        ),
+        (
+            "`running` → `succeeded` (wasmtime run, result event, store)",
+            step(|t| t.running, |t| t.succeeded),
+        ),
+    ] {
+        table.push(format!("| {name} | {value:.2} ms |"));
+    }
+    let table = table.join("\n");
+    println!("{table}");
+    if write {
+        starling_tests::write_bench_table("run-latency", &table);
+    }
 }

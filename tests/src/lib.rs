@@ -1253,6 +1253,29 @@ pub fn bench_progress(len: usize, what: &str) -> indicatif::ProgressBar {
     bar
 }
 
+/// Rewrites the table between `<!-- NAME:start -->` and `<!-- NAME:end -->`
+/// in BENCHMARKS.md with `table`, so published figures are the output of the
+/// benchmark that measured them. Panics when the markers are missing.
+pub fn write_bench_table(name: &str, table: &str) {
+    let path = workspace_root().join("BENCHMARKS.md");
+    let text = std::fs::read_to_string(&path).unwrap();
+    let (start, end) = (
+        format!("<!-- {name}:start -->"),
+        format!("<!-- {name}:end -->"),
+    );
+    let from = text
+        .find(&start)
+        .expect("the start marker in BENCHMARKS.md")
+        + start.len();
+    let to = text[from..]
+        .find(&end)
+        .expect("the end marker in BENCHMARKS.md")
+        + from;
+    let updated = format!("{}\n{table}\n{}", &text[..from], &text[to..]);
+    std::fs::write(&path, updated).unwrap();
+    eprintln!("wrote the {name} table into {}", path.display());
+}
+
 /// CPU references for the example kernels in `tasks/`, to check their output
 /// and to measure them against.
 pub mod reference {

@@ -62,6 +62,8 @@ pub struct CoordinatorConfig {
     pub max_attempts: u32,
     /// Largest artifact accepted, in bytes.
     pub max_artifact_bytes: usize,
+    /// Events the live stream holds for clients that resume or read slowly.
+    pub event_buffer: usize,
     /// How often the scheduler looks at the queue when nothing wakes it.
     pub schedule_interval: Duration,
     /// A node silent this long is suspected: it gets no new work and its
@@ -141,6 +143,7 @@ impl Default for CoordinatorConfig {
             api_token: None,
             max_attempts: DEFAULT_MAX_ATTEMPTS,
             max_artifact_bytes: DEFAULT_MAX_ARTIFACT_BYTES,
+            event_buffer: crate::live::DEFAULT_CAPACITY,
             schedule_interval: Duration::from_millis(1000),
             node_timeout: DEFAULT_NODE_TIMEOUT,
             assignment_ttl: DEFAULT_ASSIGNMENT_TTL,
@@ -212,6 +215,8 @@ pub struct FileConfig {
     pub max_attempts: Option<u32>,
     /// Largest artifact, in bytes.
     pub max_artifact_bytes: Option<usize>,
+    /// `--event-buffer`.
+    pub event_buffer: Option<usize>,
     /// `--node-timeout`.
     pub node_timeout: Option<String>,
     /// `--assignment-ttl`.
@@ -306,6 +311,10 @@ pub struct ServeArgs {
     /// Silence after which a node is suspected and its tasks re-placed, like 5s or 500ms [default: 5s].
     #[arg(long, env = "STARLING_NODE_TIMEOUT", value_name = "DURATION")]
     pub node_timeout: Option<String>,
+    /// Events the live stream (GET /api/v1/events) keeps for clients that resume with
+    /// Last-Event-ID or read slowly; a client further behind gets a reset [default: 4096].
+    #[arg(long, env = "STARLING_EVENT_BUFFER", value_name = "EVENTS", value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
+    pub event_buffer: Option<u64>,
     /// How long a signed assignment stays valid after it is sent [default: 60s].
     #[arg(long, env = "STARLING_ASSIGNMENT_TTL", value_name = "DURATION")]
     pub assignment_ttl: Option<String>,
@@ -568,6 +577,12 @@ impl ServeArgs {
             max_artifact_bytes: file
                 .max_artifact_bytes
                 .unwrap_or(defaults.max_artifact_bytes),
+            event_buffer: self
+                .event_buffer
+                .and_then(|events| usize::try_from(events).ok())
+                .or(file.event_buffer)
+                .unwrap_or(defaults.event_buffer)
+                .max(1),
             node_timeout: duration(
                 "--node-timeout",
                 &self.node_timeout,

@@ -25,6 +25,8 @@ struct Site {
 pub struct SiteTable {
     own: String,
     sites: BTreeMap<String, Site>,
+    /// Told of every change of a site's state (the live event stream).
+    watchers: Option<crate::live::Feed>,
 }
 
 /// A peer the scheduler may send work to.
@@ -54,7 +56,13 @@ impl SiteTable {
         Self {
             own: own.to_string(),
             sites,
+            watchers: None,
         }
+    }
+
+    /// Announces every later change of a site's state on `feed`.
+    pub(crate) fn announce_to(&mut self, feed: crate::live::Feed) {
+        self.watchers = Some(feed);
     }
 
     /// This coordinator's site name.
@@ -82,6 +90,9 @@ impl SiteTable {
         if changed {
             site.state = state;
             site.since = now;
+            if let Some(feed) = &self.watchers {
+                feed.site(name, state);
+            }
         }
         changed
     }

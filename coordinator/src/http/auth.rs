@@ -1,19 +1,28 @@
 //! Who is calling: the bearer token's role for the API, the peer token for
-//! the federation routes. A refused call (401, 403) is answered before its
-//! body is read, so it changes nothing.
+//! the federation routes, and the console's session cookie (for the
+//! console, and as an alternative to the bearer header on the API's GET
+//! routes, so a browser's `EventSource` can read `GET /api/v1/events`). A
+//! refused call (401, 403) is answered before its body is read, so it
+//! changes nothing.
 
 use std::sync::Arc;
 
 use axum::extract::{MatchedPath, Request, State};
-use axum::http::header;
+use axum::http::{header, HeaderMap, Method};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use starling_api::{ErrorCode, Role};
 
+use super::console::session::Credential;
 use super::error::HttpError;
 use super::routes::{required_access, RouteAccess};
 use crate::access;
+use crate::task::unix_now_ms;
 use crate::Shared;
+
+/// The console's session cookie. Its value is a random session id; the API
+/// token never travels in it.
+pub(crate) const SESSION_COOKIE: &str = "starling_session";
 
 pub(crate) fn unauthorized(message: &str) -> Response {
     HttpError::new(ErrorCode::Unauthorized, message).into_response()
@@ -30,9 +39,18 @@ pub(crate) async fn caller_role(
     let Some(given) = given.map(str::trim).filter(|token| !token.is_empty()) else {
         return Ok(None);
     };
+    role_of_token_hash(shared, bootstrap, &access::sha256_hex(given)).await
+}
+
+/// The role of the token whose sha256 (hex) is `given_hash`: what
+/// [`caller_role`] decides, for a console session that holds only the hash.
+pub(crate) async fn role_of_token_hash(
+    shared: &Shared,
+    bootstrap: &str,
+    given_hash: &str,
+) -> Result<Option<Role>, HttpError> {
     // Hashes of equal length are compared, so the time taken says nothing
     // about how close a guess was, nor how long the real token is.
-    let given_hash = access::sha256_hex(given);
     if access::constant_time_eq(
         given_hash.as_bytes(),
         access::sha256_hex(bootstrap).as_bytes(),
@@ -45,6 +63,66 @@ pub(crate) async fn caller_role(
         .await?
         .filter(|(_, stored)| access::constant_time_eq(stored.as_bytes(), given_hash.as_bytes()))
         .map(|(record, _)| record.role))
+}
+
+/// The session id a request's `Cookie` header carries, if any.
+pub(crate) fn session_cookie(headers: &HeaderMap) -> Option<String> {
+    headers
+        .get_all(header::COOKIE)
+        .iter()
+        .filter_map(|value| value.to_str().ok())
+        .flat_map(|value| value.split(';'))
+        .filter_map(|pair| pair.trim().split_once('='))
+        .find(|(name, _)| *name == SESSION_COOKIE)
+        .map(|(_, value)| value.trim().to_owned())
+        .filter(|value| !value.is_empty())
+}
+
+/// A request's live console session, with the role its token has now.
+#[derive(Debug, Clone)]
+pub(crate) struct SessionCaller {
+    /// The session id (the cookie's value).
+    pub(crate) id: String,
+    /// The role the session's token has now.
+    pub(crate) role: Role,
+    /// The session's CSRF token, for the forms a page renders.
+    pub(crate) csrf: String,
+}
+
+/// The console session of a request, checked the way a bearer token is:
+/// the token it was opened with must still be live (a revoked token ends
+/// its sessions here, at their next request). `None` without a cookie, for
+/// an unknown or expired session, or when its token is revoked.
+pub(crate) async fn session_caller(
+    shared: &Shared,
+    headers: &HeaderMap,
+) -> Result<Option<SessionCaller>, HttpError> {
+    let Some(id) = session_cookie(headers) else {
+        return Ok(None);
+    };
+    let sessions = &shared.console.sessions;
+    let Some(session) = sessions.get(&id, unix_now_ms()) else {
+        return Ok(None);
+    };
+    let role = match (&session.credential, shared.api_token.as_deref()) {
+        // Nothing is enforced: the console is open like the API.
+        (_, None) => Some(Role::Admin),
+        // Tokens became enforced after an open session began (they cannot
+        // at run time, but a session must never outlive its grounds).
+        (Credential::Open, Some(_)) => None,
+        (Credential::Token { hash }, Some(bootstrap)) => {
+            let role = role_of_token_hash(shared, bootstrap, hash).await?;
+            if role.is_none() {
+                sessions.close_token(hash);
+            }
+            role
+        }
+    };
+    Ok(role.map(|role| SessionCaller {
+        id,
+        role,
+        csrf: session.csrf,
+    }))
 }
 
 /// Checks every request's bearer token against the role its route needs,
@@ -81,7 +159,17 @@ pub(crate) async fn authorize(
         .and_then(|value| value.strip_prefix("Bearer "))
         .map(str::to_owned);
     let method = request.method().clone();
-    match caller_role(&shared, bootstrap, given.as_deref()).await {
+    // A browser has no bearer header to send (an `EventSource` cannot set
+    // one): on GET routes, the console's session cookie stands in for it.
+    // Never on other methods, whose requests a cookie alone must not make.
+    let role = if !has_header && (method == Method::GET || method == Method::HEAD) {
+        session_caller(&shared, request.headers())
+            .await
+            .map(|caller| caller.map(|caller| caller.role))
+    } else {
+        caller_role(&shared, bootstrap, given.as_deref()).await
+    };
+    match role {
         Ok(Some(role)) if role.allows(needed) => next.run(request).await,
         Ok(Some(role)) => HttpError::new(ErrorCode::Forbidden,
             format!(

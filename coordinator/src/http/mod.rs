@@ -7,6 +7,7 @@
 //! `starling_api`'s.
 
 mod auth;
+pub(crate) mod console;
 pub mod error;
 mod handlers;
 pub mod openapi;
@@ -24,7 +25,7 @@ use starling_api::ErrorCode;
 use crate::Shared;
 use auth::authorize;
 use error::HttpError;
-use handlers::{access::*, artifacts::*, federation::*, metrics::*, nodes::*, tasks::*};
+use handlers::{access::*, artifacts::*, events::*, federation::*, metrics::*, nodes::*, tasks::*};
 use openapi::openapi_document;
 
 pub use handlers::artifacts::{validate_artifact, validate_wasm};
@@ -66,6 +67,7 @@ pub(crate) fn router(shared: Arc<Shared>) -> Router {
         )
         .route("/api/v1/api-tokens/{id}/revoke", post(revoke_api_token))
         .route("/api/v1/sites", get(list_sites))
+        .route("/api/v1/events", get(events))
         .route("/api/v1/federation/tasks", post(accept_forward))
         .route(
             "/api/v1/federation/tasks/{site}/{task}",
@@ -82,6 +84,9 @@ pub(crate) fn router(shared: Arc<Shared>) -> Router {
             shared.clone(),
             authorize,
         ))
+        // The operator's console, behind its own gate (sessions, CSRF),
+        // merged after the API's layers so they do not apply to it.
+        .merge(console::router(shared.clone()))
         .with_state(shared)
 }
 

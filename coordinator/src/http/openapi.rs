@@ -5,14 +5,18 @@ use axum::http::header;
 use axum::response::{IntoResponse, Response};
 use starling_api::{
     ApiError, ApiTokenCreated, ApiTokenList, ApiTokenRecord, ArtifactSignature, ArtifactStored,
-    AttemptRecord, CreateApiToken, CreateJoinToken, EnrollRequest, EventRecord, ForwardAccepted,
-    ForwardRequest, ForwardStatus, Health, Identity, JoinTokenCreated, NodeCredentials, NodeDetail,
-    NodeList, NodeRevoked, NodeSummary, Role, SiteEntry, SiteList, SiteState, SubmitTask,
+    AttemptRecord, CreateApiToken, CreateJoinToken, EnrollRequest, EventKind, EventRecord,
+    ForwardAccepted, ForwardRequest, ForwardStatus, Health, Identity, JoinTokenCreated, LiveEvent,
+    NodeChange, NodeChangeKind, NodeCredentials, NodeDetail, NodeList, NodeRevoked, NodeSummary,
+    Role, SiteChange, SiteEntry, SiteList, SiteState, StreamReset, SubmitTask, TaskChange,
     TaskDemand, TaskDetail, TaskGrants, TaskKind, TaskLimits, TaskList, TaskStatus, TaskSummary,
+    TelemetrySample,
 };
 use utoipa::OpenApi;
 
-use super::handlers::{access::*, artifacts::*, federation::*, metrics::*, nodes::*, tasks::*};
+use super::handlers::{
+    access::*, artifacts::*, events::*, federation::*, metrics::*, nodes::*, tasks::*,
+};
 
 /// Declares the optional bearer token in the OpenAPI document.
 pub(crate) struct BearerToken;
@@ -59,7 +63,8 @@ impl utoipa::Modify for BearerToken {
         list_sites,
         accept_forward,
         forward_status,
-        cancel_forward
+        cancel_forward,
+        events
     ),
     components(schemas(
         ApiError,
@@ -96,7 +101,15 @@ impl utoipa::Modify for BearerToken {
         ApiTokenCreated,
         ApiTokenRecord,
         ApiTokenList,
-        NodeRevoked
+        NodeRevoked,
+        LiveEvent,
+        TaskChange,
+        NodeChange,
+        NodeChangeKind,
+        TelemetrySample,
+        SiteChange,
+        StreamReset,
+        EventKind
     ))
 )]
 pub struct ApiDoc;

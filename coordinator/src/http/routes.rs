@@ -56,6 +56,11 @@ pub(super) const ROUTES: &[(Method, &str, RouteAccess)] = &[
     (Method::GET, "/metrics", RouteAccess::Role(Role::Viewer)),
     (
         Method::GET,
+        "/api/v1/events",
+        RouteAccess::Role(Role::Viewer),
+    ),
+    (
+        Method::GET,
         "/api/v1/sites",
         RouteAccess::Role(Role::Viewer),
     ),
@@ -130,10 +135,155 @@ pub(super) fn required_access(method: &Method, path: &str) -> RouteAccess {
         .map_or(RouteAccess::Role(Role::Admin), |(_, _, access)| *access)
 }
 
+/// What a console route asks of its caller (the console's gate reads it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum ConsoleAccess {
+    /// Anyone: the sign-in page and the console's static files.
+    Public,
+    /// The sign-in form: anyone, but only from the console's own pages
+    /// (the same-origin checks, without a session's CSRF token yet).
+    SignIn,
+    /// A live session whose token has at least this role; POSTs also carry
+    /// the session's CSRF token.
+    Role(Role),
+}
+
+/// Every console route with the access it needs, the same roles as the REST
+/// routes that do the same thing. A route or method missing from it needs
+/// `admin`, so forgetting a line locks a page rather than opening it.
+pub(super) const CONSOLE_ROUTES: &[(Method, &str, ConsoleAccess)] = &[
+    (Method::GET, "/login", ConsoleAccess::Public),
+    (Method::POST, "/login", ConsoleAccess::SignIn),
+    (Method::GET, "/console/assets/{file}", ConsoleAccess::Public),
+    (Method::POST, "/logout", ConsoleAccess::Role(Role::Viewer)),
+    (Method::GET, "/", ConsoleAccess::Role(Role::Viewer)),
+    (
+        Method::GET,
+        "/fleet/rows",
+        ConsoleAccess::Role(Role::Viewer),
+    ),
+    (
+        Method::GET,
+        "/nodes/{id}",
+        ConsoleAccess::Role(Role::Viewer),
+    ),
+    (Method::GET, "/tasks", ConsoleAccess::Role(Role::Viewer)),
+    (
+        Method::GET,
+        "/tasks/rows",
+        ConsoleAccess::Role(Role::Viewer),
+    ),
+    (
+        Method::GET,
+        "/tasks/{id}",
+        ConsoleAccess::Role(Role::Viewer),
+    ),
+    (Method::GET, "/artifacts", ConsoleAccess::Role(Role::Viewer)),
+    (Method::GET, "/sites", ConsoleAccess::Role(Role::Viewer)),
+    (
+        Method::GET,
+        "/console/events",
+        ConsoleAccess::Role(Role::Viewer),
+    ),
+    (
+        Method::POST,
+        "/nodes/revoke",
+        ConsoleAccess::Role(Role::Operator),
+    ),
+    (
+        Method::POST,
+        "/nodes/{id}/revoke",
+        ConsoleAccess::Role(Role::Operator),
+    ),
+    (Method::GET, "/access", ConsoleAccess::Role(Role::Operator)),
+    (
+        Method::POST,
+        "/access/join-tokens",
+        ConsoleAccess::Role(Role::Operator),
+    ),
+    (
+        Method::POST,
+        "/access/api-tokens",
+        ConsoleAccess::Role(Role::Admin),
+    ),
+    (
+        Method::POST,
+        "/access/api-tokens/{id}/revoke",
+        ConsoleAccess::Role(Role::Admin),
+    ),
+];
+
+/// The access `method` on the console route template `path` needs (HEAD as GET).
+pub(super) fn required_console_access(method: &Method, path: &str) -> ConsoleAccess {
+    let method = if method == Method::HEAD {
+        &Method::GET
+    } else {
+        method
+    };
+    CONSOLE_ROUTES
+        .iter()
+        .find(|(m, p, _)| m == method && *p == path)
+        .map_or(ConsoleAccess::Role(Role::Admin), |(_, _, access)| *access)
+}
+
 #[cfg(test)]
 #[allow(clippy::unwrap_used, clippy::expect_used)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn every_console_route_has_an_access_rule() {
+        for (i, (method, path, access)) in CONSOLE_ROUTES.iter().enumerate() {
+            assert_eq!(
+                required_console_access(method, path),
+                *access,
+                "{method} {path}"
+            );
+            assert!(
+                !CONSOLE_ROUTES[..i]
+                    .iter()
+                    .any(|(m, p, _)| m == method && p == path),
+                "{method} {path} is listed twice"
+            );
+            // The console and the API never share a path: each table
+            // speaks for its own routes only.
+            assert!(
+                !ROUTES.iter().any(|(_, p, _)| p == path),
+                "{path} is in both tables"
+            );
+        }
+        // Reading needs a session; changing needs the role the API asks.
+        assert_eq!(
+            required_console_access(&Method::HEAD, "/"),
+            ConsoleAccess::Role(Role::Viewer)
+        );
+        assert_eq!(
+            required_console_access(&Method::POST, "/nodes/{id}/revoke"),
+            required_access(&Method::POST, "/api/v1/nodes/{id}/revoke").into_console()
+        );
+        assert_eq!(
+            required_console_access(&Method::POST, "/access/api-tokens"),
+            required_access(&Method::POST, "/api/v1/api-tokens").into_console()
+        );
+        // A method or route no rule names needs the highest role.
+        assert_eq!(
+            required_console_access(&Method::DELETE, "/nodes/{id}"),
+            ConsoleAccess::Role(Role::Admin)
+        );
+        assert_eq!(
+            required_console_access(&Method::GET, "/secret"),
+            ConsoleAccess::Role(Role::Admin)
+        );
+    }
+
+    impl RouteAccess {
+        fn into_console(self) -> ConsoleAccess {
+            match self {
+                RouteAccess::Role(role) => ConsoleAccess::Role(role),
+                other => panic!("{other:?} has no console twin"),
+            }
+        }
+    }
     #[test]
     fn every_route_has_an_access_rule() {
         for (i, (method, path, access)) in ROUTES.iter().enumerate() {

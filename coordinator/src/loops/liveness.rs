@@ -47,6 +47,8 @@ pub(crate) struct Liveness {
     pub(crate) node_timeout_ms: u64,
     /// Attempts a task gets before a lost one fails it.
     pub(crate) max_attempts: u32,
+    /// Where suspected nodes are announced.
+    pub(crate) feed: crate::live::Feed,
 }
 
 /// Checks for silent nodes every 500 ms (or a quarter of the node timeout,
@@ -85,6 +87,7 @@ impl Liveness {
                 .into_iter()
                 .map(|id| {
                     Counters::increment(&self.counters.nodes_suspected);
+                    self.feed.node(id.as_str(), starling_api::NodeChangeKind::Suspect, now_ms);
                     tracing::warn!(node = %id, timeout_ms, "nothing heard from the node within the node timeout; it is offline");
                     id.to_string()
                 })

@@ -31,6 +31,7 @@ use crate::registry::{NodeRegistry, RegistryChange};
 use crate::store::{EventOutcome, Store};
 use crate::task::{unix_now_ms, TaskStatus};
 use crate::Counters;
+use starling_api::{NodeChangeKind, TelemetrySample};
 
 /// What ingest uses of the coordinator, and nothing else: the store and the
 /// registry it changes, the client it answers nodes with, who may speak
@@ -53,6 +54,8 @@ pub(crate) struct Ingest {
     /// Since when the broker connection is up (0 while down), for liveness.
     pub(crate) broker_up_since_ms: Arc<std::sync::atomic::AtomicU64>,
     pub(crate) counters: Arc<Counters>,
+    /// Where node changes and telemetry samples are announced.
+    pub(crate) feed: crate::live::Feed,
 }
 
 /// The channels the coordinator consumes.
@@ -341,6 +344,7 @@ pub(crate) async fn handle_message(
             .apply_status(&node, status, now_ms)?,
         Inbound::Event(event) => return handle_event(ingest, event, now_ms).await,
     };
+    announce(ingest, &change, now_ms);
     match &change {
         RegistryChange::NodeOffline(id) => {
             let lost = ingest
@@ -365,6 +369,57 @@ pub(crate) async fn handle_message(
         _ => {}
     }
     Ok(Handled::Registry(change))
+}
+
+/// Tells watchers what a registry change means for them: a node's new state,
+/// or its load.
+fn announce(ingest: &Ingest, change: &RegistryChange, now_ms: u64) {
+    let (id, kind) = match change {
+        RegistryChange::NodeOnline(id) => (id, NodeChangeKind::Online),
+        RegistryChange::NodeOffline(id) => (id, NodeChangeKind::Offline),
+        RegistryChange::NodeRegistered(id) => (id, NodeChangeKind::Capability),
+        RegistryChange::TelemetryUpdated(id) => {
+            let sample = ingest
+                .registry
+                .read()
+                .get(id)
+                .and_then(|entry| telemetry_sample(id, entry, now_ms));
+            if let Some(sample) = sample {
+                ingest.feed.telemetry(sample);
+            }
+            return;
+        }
+        RegistryChange::StaleTelemetry(_)
+        | RegistryChange::Unchanged(_)
+        | RegistryChange::AwaitingCapability(_) => return,
+    };
+    ingest.feed.node(id.as_str(), kind, now_ms);
+}
+
+/// A node's latest telemetry as the live stream shows it.
+pub(crate) fn telemetry_sample(
+    id: &NodeId,
+    entry: &crate::registry::NodeEntry,
+    now_ms: u64,
+) -> Option<TelemetrySample> {
+    let telemetry = entry.telemetry.as_ref()?;
+    let total = entry.capability.memory_bytes;
+    let memory_used = if total == 0 {
+        0.0
+    } else {
+        (1.0 - telemetry.free_memory_bytes as f64 / total as f64).clamp(0.0, 1.0) as f32
+    };
+    Some(TelemetrySample {
+        node_id: id.to_string(),
+        cpu_load: telemetry.cpu_load,
+        memory_used,
+        free_memory_bytes: telemetry.free_memory_bytes,
+        rtt_ms: telemetry.link.rtt_ms,
+        power_level: telemetry.power_level,
+        running_tasks: telemetry.running_tasks,
+        queued_tasks: telemetry.queued_tasks,
+        at_ms: entry.telemetry_received_ms.unwrap_or(now_ms),
+    })
 }
 
 /// Queues a message for `node` without waiting. When the request queue is
@@ -536,6 +591,7 @@ mod tests {
             wake_scheduler: Arc::new(tokio::sync::Notify::new()),
             broker_up_since_ms: Arc::new(std::sync::atomic::AtomicU64::new(1)),
             counters: Arc::new(Counters::default()),
+            feed: crate::live::Feed::new(64),
         };
         (handle, eventloop)
     }

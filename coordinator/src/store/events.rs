@@ -7,6 +7,7 @@ use starling_proto::{TaskEvent, TaskState};
 use super::{from_db, to_db, with_pool, Backend, Store, StoreError, TaskRow, TASK_COLUMNS};
 use crate::domain::{reconcile, EventFacts, NodeAfter, Reconciliation, ResultUpdate, TaskFacts};
 use crate::task::TaskStatus;
+use starling_api::TaskChange;
 
 /// One stored task event.
 #[derive(Debug, Clone, PartialEq)]
@@ -316,9 +317,22 @@ impl Store {
                 sqlx::query(clear_outbox).bind(task_id).execute(&mut *tx).await?;
             }
             tx.commit().await?;
+            let changed = change.status != task.status;
+            if changed {
+                self.announce(TaskChange {
+                    task_id: task_id.to_owned(),
+                    status: change.status,
+                    attempt: event.attempt,
+                    node_id: node_id.map(str::to_owned),
+                    site: None,
+                    power_level: task.power_level,
+                    reason: reason.clone().filter(|_| change.status == TaskStatus::Failed),
+                    at_ms: now_ms,
+                });
+            }
             Ok::<EventOutcome, StoreError>(EventOutcome::Recorded {
                 status: change.status,
-                changed: change.status != task.status,
+                changed,
             })
         })?;
         Ok(outcome)

@@ -8,6 +8,7 @@ use crate::store::{
     corrupt, from_db, to_db, with_pool, Backend, NewTask, Store, StoreError, TaskRecord,
 };
 use crate::task::TaskStatus;
+use starling_api::TaskChange;
 
 /// An attempt forwarded to another site that has not ended yet.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -116,6 +117,16 @@ impl Store {
             tx.commit().await?;
             Ok::<bool, sqlx::Error>(true)
         })?;
+        if forwarded {
+            self.announce(forwarded_change(
+                task_id,
+                TaskStatus::Assigned,
+                attempt,
+                site,
+                None,
+                now_ms,
+            ));
+        }
         Ok(forwarded)
     }
 
@@ -157,15 +168,32 @@ impl Store {
                        AND site IS NOT NULL AND (state <> 'running' OR site_node IS NULL OR site_node <> $3)";
         let attempt_running = "UPDATE attempts SET state = 'running' \
                                WHERE task_id = $1 AND attempt = $2 AND state = 'assigned'";
-        with_pool!(self, pool => {
+        let started = with_pool!(self, pool => {
             let mut tx = pool.begin().await?;
             sqlx::query(forward).bind(task_id).bind(i64::from(attempt)).bind(to_db(now_ms)).execute(&mut *tx).await?;
+            let mut started = None;
             if let Some(node) = running_on {
-                sqlx::query(running).bind(task_id).bind(i64::from(attempt)).bind(node).bind(to_db(now_ms)).execute(&mut *tx).await?;
+                let changed = sqlx::query(running).bind(task_id).bind(i64::from(attempt)).bind(node).bind(to_db(now_ms)).execute(&mut *tx).await?.rows_affected();
                 sqlx::query(attempt_running).bind(task_id).bind(i64::from(attempt)).execute(&mut *tx).await?;
+                if changed == 1 {
+                    let site: Option<(Option<String>,)> = sqlx::query_as("SELECT site FROM tasks WHERE id = $1")
+                        .bind(task_id).fetch_optional(&mut *tx).await?;
+                    started = site.and_then(|(site,)| site);
+                }
             }
-            tx.commit().await
+            tx.commit().await?;
+            Ok::<Option<String>, sqlx::Error>(started)
         })?;
+        if let Some(site) = started {
+            self.announce(forwarded_change(
+                task_id,
+                TaskStatus::Running,
+                attempt,
+                &site,
+                None,
+                now_ms,
+            ));
+        }
         Ok(())
     }
 
@@ -195,8 +223,10 @@ impl Store {
                 .execute(&mut *tx).await?.rows_affected();
             if closed != 1 {
                 tx.rollback().await?;
+                // `with_pool!` is inline code: this returns from the method.
                 return Ok(false);
             }
+            let mut site = String::new();
             let updated = sqlx::query(task)
                 .bind(task_id)
                 .bind(i64::from(attempt))
@@ -213,9 +243,9 @@ impl Store {
             if updated == 1 {
                 sqlx::query(attempt_row).bind(task_id).bind(i64::from(attempt)).bind(state).bind(to_db(now_ms))
                     .execute(&mut *tx).await?;
-                let site: Option<(Option<String>,)> = sqlx::query_as("SELECT site FROM tasks WHERE id = $1")
+                let site_row: Option<(Option<String>,)> = sqlx::query_as("SELECT site FROM tasks WHERE id = $1")
                     .bind(task_id).fetch_optional(&mut *tx).await?;
-                let site = site.and_then(|(site,)| site).unwrap_or_default();
+                site = site_row.and_then(|(site,)| site).unwrap_or_default();
                 sqlx::query(event)
                     .bind(task_id)
                     .bind(i64::from(attempt))
@@ -231,9 +261,19 @@ impl Store {
                     .await?;
             }
             tx.commit().await?;
-            Ok::<bool, sqlx::Error>(updated == 1)
+            Ok::<Option<String>, sqlx::Error>((updated == 1).then_some(site))
         })?;
-        Ok(recorded)
+        if let Some(site) = &recorded {
+            self.announce(forwarded_change(
+                task_id,
+                result.status,
+                attempt,
+                site,
+                result.failure_reason.clone(),
+                now_ms,
+            ));
+        }
+        Ok(recorded.is_some())
     }
 
     /// Takes a forwarded attempt back after its peer died or stopped
@@ -296,6 +336,19 @@ impl Store {
             tx.commit().await?;
             Ok::<TakenBack, StoreError>(outcome)
         })?;
+        let status = match outcome {
+            TakenBack::Requeued => Some(TaskStatus::Pending),
+            TakenBack::Cancelled => Some(TaskStatus::Cancelled),
+            TakenBack::Failed => Some(TaskStatus::Failed),
+            TakenBack::AlreadyEnded => None,
+        };
+        if let Some(status) = status {
+            let reason = (status == TaskStatus::Failed).then(|| "node_lost".to_owned());
+            self.announce(TaskChange {
+                reason,
+                ..crate::live::task_change(task_id, status, attempt, None, now_ms)
+            });
+        }
         Ok(outcome)
     }
 
@@ -357,5 +410,21 @@ impl Store {
         let sql = "SELECT digest FROM artifacts ORDER BY created_ms DESC LIMIT $1";
         let rows: Vec<(String,)> = with_pool!(self, pool => sqlx::query_as(sql).bind(i64::from(limit)).fetch_all(pool).await)?;
         Ok(rows.into_iter().map(|(digest,)| digest).collect())
+    }
+}
+
+/// A change of a task whose attempt runs at another site.
+fn forwarded_change(
+    task_id: &str,
+    status: TaskStatus,
+    attempt: u32,
+    site: &str,
+    reason: Option<String>,
+    now_ms: u64,
+) -> TaskChange {
+    TaskChange {
+        site: Some(site.to_owned()),
+        reason,
+        ..crate::live::task_change(task_id, status, attempt, None, now_ms)
     }
 }

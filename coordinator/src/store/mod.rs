@@ -69,6 +69,9 @@ pub(crate) enum Backend {
 #[derive(Debug, Clone)]
 pub struct Store {
     pub(crate) backend: Backend,
+    /// Where every task state change is announced once committed, so no
+    /// caller can change a task without watchers hearing of it.
+    pub(crate) feed: Option<crate::live::Feed>,
 }
 
 /// Why the store could not be opened.
@@ -298,7 +301,10 @@ impl Store {
         } else {
             return Err(OpenStoreError::UnsupportedUrl { url: shown });
         };
-        let store = Store { backend };
+        let store = Store {
+            backend,
+            feed: None,
+        };
         with_pool!(store, pool => MIGRATOR.run(pool).await).map_err(|source| {
             OpenStoreError::Migrate {
                 url: shown.clone(),
@@ -306,6 +312,22 @@ impl Store {
             }
         })?;
         Ok(store)
+    }
+
+    /// The same store, announcing each task state change it commits on
+    /// `feed`.
+    pub(crate) fn with_feed(self, feed: crate::live::Feed) -> Store {
+        Store {
+            feed: Some(feed),
+            ..self
+        }
+    }
+
+    /// Announces a committed task change.
+    pub(crate) fn announce(&self, change: starling_api::TaskChange) {
+        if let Some(feed) = &self.feed {
+            feed.task(change);
+        }
     }
 
     /// The backend's name: `sqlite` or `postgres`.

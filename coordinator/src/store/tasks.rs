@@ -9,7 +9,9 @@ use starling_proto::{Digest, Runtime};
 use super::{
     corrupt, from_db, to_db, with_pool, Backend, Store, StoreError, TaskRow, TASK_COLUMNS,
 };
+use crate::live::task_change;
 use crate::task::{TaskDemand, TaskKind, TaskLimits, TaskStatus};
+use starling_api::TaskChange;
 
 /// A task as submitted, before the coordinator stores it.
 #[derive(Debug, Clone, PartialEq)]
@@ -165,6 +167,15 @@ impl Store {
             .execute(pool)
             .await
             .map(|done| done.rows_affected()))?;
+        if inserted == 1 {
+            self.announce(task_change(
+                &task.id,
+                TaskStatus::Pending,
+                0,
+                None,
+                task.created_ms,
+            ));
+        }
         Ok(inserted == 1)
     }
 
@@ -314,6 +325,18 @@ impl Store {
                 Ok(false)
             }
         })?;
+        if assigned {
+            self.announce(TaskChange {
+                power_level: Some(power_level),
+                ..task_change(
+                    task_id,
+                    TaskStatus::Assigned,
+                    attempt,
+                    Some(node_id),
+                    now_ms,
+                )
+            });
+        }
         Ok(assigned)
     }
 
@@ -394,6 +417,9 @@ impl Store {
             tx.commit().await?;
             Ok::<Vec<LostTask>, sqlx::Error>(lost)
         })?;
+        for task in &lost {
+            self.announce(lost_change(task, node_id, "node_lost", now_ms));
+        }
         Ok(lost)
     }
 
@@ -510,6 +536,9 @@ impl Store {
                 status,
             }))
         })?;
+        if let Some(task) = &ended {
+            self.announce(lost_change(task, node_id, reason, now_ms));
+        }
         Ok(ended)
     }
 
@@ -540,6 +569,7 @@ impl Store {
             if cancelled == 1 {
                 sqlx::query(clear_outbox).bind(task_id).execute(&mut *tx).await?;
                 tx.commit().await?;
+                self.announce(task_change(task_id, TaskStatus::Cancelled, 0, None, now_ms));
                 return Ok(CancelOutcome::Cancelled);
             }
             let marked = sqlx::query(mark_running)
@@ -569,5 +599,15 @@ impl Store {
             }
         })?;
         Ok(outcome)
+    }
+}
+
+/// The change a lost attempt made: back in the queue (no node), or ended on
+/// the node that lost it (with `reason` when it failed).
+fn lost_change(task: &LostTask, node_id: &str, reason: &str, now_ms: u64) -> TaskChange {
+    let node = (task.status != TaskStatus::Pending).then_some(node_id);
+    TaskChange {
+        reason: (task.status == TaskStatus::Failed).then(|| reason.to_owned()),
+        ..task_change(&task.task_id, task.status, task.attempt, node, now_ms)
     }
 }

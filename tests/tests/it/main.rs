@@ -14,7 +14,9 @@ use std::sync::{RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 mod architecture;
 mod bad_input;
+mod console;
 mod end_to_end;
+mod events;
 mod faults;
 mod federation;
 mod first_boot;

@@ -229,6 +229,9 @@ pub(crate) async fn revoke_node(
         };
         let _ = shared.registry_mut().apply_status(&node, offline, now_ms);
     }
+    shared
+        .feed
+        .node(&id, starling_api::NodeChangeKind::Revoked, now_ms);
     let lost = shared
         .store
         .requeue_node_tasks(&id, shared.max_attempts, now_ms)

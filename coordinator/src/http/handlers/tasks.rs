@@ -19,6 +19,7 @@ use starling_proto::limits::{
 use starling_proto::Runtime;
 
 use super::artifacts::parse_digest;
+use super::events::{parse_wait, wait_for_end};
 use crate::http::error::HttpError;
 use crate::http::{DEFAULT_LIST_LIMIT, MAX_LIST_LIMIT};
 use crate::store::{CancelOutcome, NewTask, TaskRecord};
@@ -371,20 +372,37 @@ pub(crate) async fn task_detail(shared: &Shared, id: &str) -> Result<TaskDetail,
     })
 }
 
-/// Shows one task: state, node, attempt, output, failure, events and the placement explanation.
+/// A long poll's wait.
+#[derive(Debug, serde::Deserialize, utoipa::IntoParams)]
+pub(crate) struct TaskWaitQuery {
+    /// Answer once the task has ended, or after this long (like 30s, at most
+    /// 60s) with the task as it stands then.
+    wait: Option<String>,
+}
+
+/// Shows one task: state, node, attempt, output, failure, events and the
+/// placement explanation. With `wait`, a long poll: the answer comes when the
+/// task has ended or the wait is over, whichever is first.
 #[utoipa::path(
     get,
     path = "/api/v1/tasks/{id}",
-    params(("id" = String, Path, description = "The task's id")),
+    params(("id" = String, Path, description = "The task's id"), TaskWaitQuery),
     responses(
         (status = 200, description = "The task", body = TaskDetail),
+        (status = 400, description = "A malformed wait", body = ApiError),
         (status = 404, description = "No such task", body = ApiError)
     )
 )]
 pub(crate) async fn get_task(
     State(shared): State<Arc<Shared>>,
     Path(id): Path<String>,
+    query: Result<Query<TaskWaitQuery>, axum::extract::rejection::QueryRejection>,
 ) -> Result<Json<TaskDetail>, HttpError> {
+    let Query(query) = query
+        .map_err(|rejection| HttpError::new(ErrorCode::InvalidQuery, rejection.body_text()))?;
+    if let Some(wait) = query.wait.as_deref().map(parse_wait).transpose()? {
+        wait_for_end(&shared, &id, wait).await;
+    }
     Ok(Json(task_detail(&shared, &id).await?))
 }
 

@@ -1,0 +1,288 @@
+//! `GET /console/events`: the live feed as HTML fragments for htmx's SSE
+//! extension. Each page opens one stream naming what it shows (`view=` and
+//! the page's filters); the stream subscribes to the same feed as
+//! `GET /api/v1/events` and sends, per change, the fragment to swap in:
+//! `n-HEX` a fleet row, `t-HEX` a task row (HEX: the id in hex),
+//! `node-live` / `task-live` a detail page's live section, and
+//! `fleet-changed` / `tasks-changed` (no data) when rows come or go, which
+//! makes the page reload its table. The session is checked again every few
+//! seconds, so a revoked token's stream ends.
+
+use std::collections::{HashSet, VecDeque};
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use axum::extract::{Query, State};
+use axum::http::HeaderMap;
+use axum::response::sse::{Event, KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
+use axum::Extension;
+use serde::Deserialize;
+use starling_api::{EventKind, LiveEvent, NodeChangeKind, Role};
+
+use super::fragments::{node_event, node_row, task_event, task_row};
+use super::layout::{Caller, ConsoleError};
+use super::pages::fleet::{fleet_page, FleetQuery};
+use super::pages::node::{live_section as node_live, node_view};
+use super::pages::task::{live_section as task_live, read_task};
+use super::pages::tasks::{task_page, TaskQuery};
+use crate::http::auth::session_caller;
+use crate::http::handlers::tasks::task_summary;
+use crate::live::{Delivery, Filter, Subscription};
+use crate::task::unix_now_ms;
+use crate::Shared;
+
+/// How often a stream checks that its session (and token) still lives.
+const RECHECK: Duration = Duration::from_secs(5);
+
+/// Least time between two table reloads one stream asks for.
+const RELOAD_INTERVAL: Duration = Duration::from_secs(1);
+
+/// Which page the stream serves.
+#[derive(Debug, Default, Deserialize)]
+pub(crate) struct ViewQuery {
+    view: Option<String>,
+    id: Option<String>,
+}
+
+/// What a stream watches, and what it knows of the page it feeds.
+enum Watch {
+    /// The fleet page: the node ids it shows.
+    Fleet {
+        query: FleetQuery,
+        shown: HashSet<String>,
+    },
+    /// The task list: the task ids it shows.
+    Tasks {
+        query: TaskQuery,
+        shown: HashSet<String>,
+    },
+    /// One task's page.
+    Task { id: String },
+    /// One node's page.
+    Node { id: String },
+}
+
+impl Watch {
+    fn filter(&self) -> Filter {
+        let (kinds, task, node) = match self {
+            Watch::Fleet { .. } => (vec![EventKind::Node, EventKind::Telemetry], None, None),
+            Watch::Tasks { .. } => (vec![EventKind::Task], None, None),
+            Watch::Task { id } => (vec![EventKind::Task], Some(id.clone()), None),
+            Watch::Node { id } => (
+                vec![EventKind::Node, EventKind::Telemetry],
+                None,
+                Some(id.clone()),
+            ),
+        };
+        Filter {
+            kinds: Some(kinds),
+            task,
+            node,
+        }
+    }
+}
+
+/// One open stream.
+struct Stream {
+    shared: Arc<Shared>,
+    caller: Caller,
+    headers: HeaderMap,
+    watch: Watch,
+    subscription: Subscription,
+    out: VecDeque<Event>,
+    checked: Instant,
+    last_reload: Option<Instant>,
+    reload_due: bool,
+}
+
+fn fragment(name: &str, markup: maud::Markup) -> Event {
+    Event::default().event(name).data(markup.into_string())
+}
+
+fn signal(name: &str) -> Event {
+    Event::default().event(name).data("")
+}
+
+impl Stream {
+    /// Sends a table reload now, or once [`RELOAD_INTERVAL`] has passed.
+    async fn reload(&mut self) -> Result<(), ConsoleError> {
+        if self
+            .last_reload
+            .is_some_and(|last| last.elapsed() < RELOAD_INTERVAL)
+        {
+            self.reload_due = true;
+            return Ok(());
+        }
+        self.reload_due = false;
+        self.last_reload = Some(Instant::now());
+        match &mut self.watch {
+            Watch::Fleet { query, shown } => {
+                let page = fleet_page(&self.shared, query);
+                let now: HashSet<String> = page.rows.into_iter().map(|row| row.id).collect();
+                if now != *shown {
+                    *shown = now;
+                    self.out.push_back(signal("fleet-changed"));
+                }
+            }
+            Watch::Tasks { query, shown } => {
+                let (tasks, _) = task_page(&self.shared, query).await?;
+                *shown = tasks.into_iter().map(|task| task.id).collect();
+                self.out.push_back(signal("tasks-changed"));
+            }
+            Watch::Task { id } => {
+                let task = read_task(&self.shared, id).await?;
+                self.out.push_back(fragment("task-live", task_live(&task)));
+            }
+            Watch::Node { id } => {
+                if let Some((view, _)) = node_view(&self.shared, id) {
+                    self.out
+                        .push_back(fragment("node-live", node_live(&view, unix_now_ms())));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Turns one feed event into the fragments the page needs.
+    async fn handle(&mut self, event: &LiveEvent) -> Result<(), ConsoleError> {
+        let now_ms = unix_now_ms();
+        match &self.watch {
+            Watch::Fleet { shown, .. } => {
+                let Some(id) = event.node_id() else {
+                    return Ok(());
+                };
+                if shown.contains(id) {
+                    if let Some((view, _)) = node_view(&self.shared, id) {
+                        let row = node_row(&view, &self.caller, now_ms);
+                        self.out.push_back(fragment(&node_event(id), row));
+                    }
+                } else if matches!(event, LiveEvent::Node(change) if change.change != NodeChangeKind::Revoked)
+                {
+                    // A node this page does not show appeared or changed:
+                    // it may belong on it now.
+                    self.reload().await?;
+                }
+            }
+            Watch::Tasks { shown, .. } => {
+                let Some(id) = event.task_id() else {
+                    return Ok(());
+                };
+                if shown.contains(id) {
+                    if let Some(record) = self.shared.store.task(id).await? {
+                        let row = task_row(&task_summary(record), now_ms);
+                        self.out.push_back(fragment(&task_event(id), row));
+                    }
+                } else {
+                    self.reload().await?;
+                }
+            }
+            Watch::Task { .. } | Watch::Node { .. } => {
+                // Detail pages always show the latest; throttled like reloads.
+                self.reload().await?;
+            }
+        }
+        Ok(())
+    }
+
+    /// The next event to send; `None` ends the stream.
+    async fn next(&mut self) -> Option<Event> {
+        loop {
+            if let Some(event) = self.out.pop_front() {
+                return Some(event);
+            }
+            let wait = if self.reload_due {
+                RELOAD_INTERVAL
+                    .saturating_sub(self.last_reload.map_or(RELOAD_INTERVAL, |at| at.elapsed()))
+            } else {
+                RECHECK
+            };
+            let delivery = tokio::time::timeout(wait, self.subscription.next()).await;
+            if self.checked.elapsed() >= RECHECK {
+                self.checked = Instant::now();
+                match session_caller(&self.shared, &self.headers).await {
+                    Ok(Some(caller)) if caller.role.allows(Role::Viewer) => {}
+                    // Signed out, expired or revoked: the stream ends, and
+                    // the browser's reconnect is sent to sign in.
+                    _ => return None,
+                }
+            }
+            let handled = match delivery {
+                Err(_) if self.reload_due => self.reload().await,
+                Err(_) => Ok(()),
+                Ok(None) => return None,
+                Ok(Some(Delivery::Reset(_))) => {
+                    // Events were lost: start again from now and re-read.
+                    self.subscription = self.shared.feed.subscribe(self.watch.filter(), None);
+                    self.last_reload = None;
+                    self.reload().await
+                }
+                Ok(Some(Delivery::Event(stamped))) => self.handle(&stamped.event).await,
+            };
+            if let Err(error) = handled {
+                tracing::warn!(%error, "console stream ends");
+                return None;
+            }
+        }
+    }
+}
+
+/// `GET /console/events` (viewer).
+pub(crate) async fn console_events(
+    State(shared): State<Arc<Shared>>,
+    Extension(caller): Extension<Caller>,
+    Query(view): Query<ViewQuery>,
+    Query(fleet): Query<FleetQuery>,
+    Query(tasks): Query<TaskQuery>,
+    headers: HeaderMap,
+) -> Result<Response, ConsoleError> {
+    let watch = match (view.view.as_deref(), view.id) {
+        (Some("fleet"), _) => {
+            let shown = fleet_page(&shared, &fleet)
+                .rows
+                .into_iter()
+                .map(|row| row.id)
+                .collect();
+            Watch::Fleet {
+                query: fleet,
+                shown,
+            }
+        }
+        (Some("tasks"), _) => {
+            let (page, _) = task_page(&shared, &tasks).await?;
+            Watch::Tasks {
+                query: tasks,
+                shown: page.into_iter().map(|task| task.id).collect(),
+            }
+        }
+        (Some("task"), Some(id)) => Watch::Task { id },
+        (Some("node"), Some(id)) => Watch::Node { id },
+        _ => {
+            return Err(ConsoleError::BadRequest(
+                "view= must be fleet, tasks, task (with id=) or node (with id=)".to_owned(),
+            ))
+        }
+    };
+    let subscription = shared.feed.subscribe(watch.filter(), None);
+    let stream = Stream {
+        shared,
+        caller,
+        headers,
+        watch,
+        subscription,
+        out: VecDeque::new(),
+        checked: Instant::now(),
+        last_reload: None,
+        reload_due: false,
+    };
+    let events = futures_util::stream::unfold(stream, |mut stream| async move {
+        stream
+            .next()
+            .await
+            .map(|event| (Ok::<Event, Infallible>(event), stream))
+    });
+    Ok(Sse::new(events)
+        .keep_alive(KeepAlive::default())
+        .into_response())
+}
