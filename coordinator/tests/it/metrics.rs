@@ -1,7 +1,8 @@
 //! `GET /metrics` with real values: nodes by state, tasks by state, the
 //! queue and the placement decision-time histogram after a task runs and
-//! another is held; the held task's explanation names the node it ruled
-//! out and why; and the Grafana dashboard (`deploy/grafana/starling.json`)
+//! another is held, event-stream clients as a stream opens and closes; the
+//! held task's explanation names the node it ruled out and why; and the
+//! Grafana dashboard (`deploy/grafana/starling.json`)
 //! queries only metrics a live coordinator exports.
 
 use crate::common;
@@ -181,6 +182,34 @@ async fn metrics_count_nodes_tasks_the_queue_and_decision_time() {
     assert_eq!(value(&text, "starling_queue_length"), 1.0);
     assert_eq!(value(&text, "starling_tasks{state=\"pending\"}"), 1.0);
     assert!(value(&text, "starling_placement_decision_seconds_count") > rounds);
+
+    // An event stream open is one client more; closed, one fewer.
+    let before = value(&text, "starling_event_stream_clients");
+    let stream = http
+        .get(format!("{rest}/api/v1/events"))
+        .send()
+        .await
+        .unwrap();
+    assert!(stream.status().is_success(), "{}", stream.status());
+    let clients = |expected: f64| {
+        let http = http.clone();
+        let rest = rest.clone();
+        async move {
+            common::eventually(WAIT, &format!("{expected} event-stream clients"), || {
+                let http = http.clone();
+                let rest = rest.clone();
+                async move {
+                    let text = scrape(&http, &rest).await;
+                    (sample(&text, "starling_event_stream_clients") == Some(expected))
+                        .then_some(text)
+                }
+            })
+            .await
+        }
+    };
+    clients(before + 1.0).await;
+    drop(stream);
+    let text = clients(before).await;
 
     // The dashboard's every query reads metrics this coordinator exports.
     let path =

@@ -24,6 +24,7 @@ pub(crate) const SERIES: &[&str] = &[
     "starling_tasks",
     "starling_queue_length",
     "starling_placement_decision_seconds",
+    "starling_event_stream_clients",
     "starling_mqtt_messages_handled_total",
     "starling_mqtt_messages_ignored_total",
     "starling_reports_refused_total",
@@ -48,7 +49,8 @@ pub(crate) const SERIES: &[&str] = &[
 const NODE_STATES: [&str; 4] = ["online", "suspect", "offline", "revoked"];
 
 /// Prometheus metrics: nodes and tasks by state, the queue, placement
-/// decision time, MQTT messages handled and ignored, and more.
+/// decision time, event-stream clients, MQTT messages handled and ignored,
+/// and more.
 #[utoipa::path(
     get,
     path = "/metrics",
@@ -132,6 +134,12 @@ pub(crate) async fn metrics(State(shared): State<Arc<Shared>>) -> Result<Respons
         "gauge",
         "Tasks waiting to be placed (pending, held ones included).",
         &[(String::new(), pending)],
+    );
+    metric(
+        "starling_event_stream_clients",
+        "gauge",
+        "Open subscriptions to the live event feed: event streams (GET /api/v1/events, console pages), long polls waiting on a task, and the console's own telemetry history.",
+        &[(String::new(), shared.feed.clients() as u64)],
     );
     metric(
         "starling_mqtt_messages_handled_total",
