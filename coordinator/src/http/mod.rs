@@ -120,6 +120,12 @@ pub(crate) fn json_body<T>(
 /// for a header block on any link the API serves.
 pub const HEADER_READ_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
 
+/// The most a connection buffers, reading or writing (hyper's default is
+/// about 400 KiB). A client that stops reading an event stream holds at
+/// most this much of the coordinator's memory beside its socket buffers,
+/// and falls behind the live feed's ring sooner (then it gets a `reset`).
+const MAX_CONNECTION_BUFFER: usize = 64 * 1024;
+
 /// How long requests in flight may finish after `shutdown` resolves.
 const SHUTDOWN_GRACE: std::time::Duration = std::time::Duration::from_secs(5);
 
@@ -149,7 +155,8 @@ pub(crate) async fn serve(
             server
                 .http_builder()
                 .http1()
-                .header_read_timeout(HEADER_READ_TIMEOUT);
+                .header_read_timeout(HEADER_READ_TIMEOUT)
+                .max_buf_size(MAX_CONNECTION_BUFFER);
             server.handle(handle).serve(service).await
         }
         Some(tls) => {
@@ -160,7 +167,8 @@ pub(crate) async fn serve(
             server
                 .http_builder()
                 .http1()
-                .header_read_timeout(HEADER_READ_TIMEOUT);
+                .header_read_timeout(HEADER_READ_TIMEOUT)
+                .max_buf_size(MAX_CONNECTION_BUFFER);
             server.handle(handle).serve(service).await
         }
     }
