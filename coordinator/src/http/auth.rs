@@ -59,7 +59,7 @@ pub(crate) async fn role_of_token_hash(
     }
     Ok(shared
         .store
-        .api_token_by_hash(&given_hash)
+        .api_token_by_hash(given_hash)
         .await?
         .filter(|(_, stored)| access::constant_time_eq(stored.as_bytes(), given_hash.as_bytes()))
         .map(|(record, _)| record.role))

@@ -159,20 +159,10 @@ pub(super) const CONSOLE_ROUTES: &[(Method, &str, ConsoleAccess)] = &[
     (Method::GET, "/", ConsoleAccess::Role(Role::Viewer)),
     (
         Method::GET,
-        "/fleet/rows",
-        ConsoleAccess::Role(Role::Viewer),
-    ),
-    (
-        Method::GET,
         "/nodes/{id}",
         ConsoleAccess::Role(Role::Viewer),
     ),
     (Method::GET, "/tasks", ConsoleAccess::Role(Role::Viewer)),
-    (
-        Method::GET,
-        "/tasks/rows",
-        ConsoleAccess::Role(Role::Viewer),
-    ),
     (
         Method::GET,
         "/tasks/{id}",

@@ -16,7 +16,7 @@ use std::time::Duration;
 use fantoccini::{Client, ClientBuilder, Locator};
 use serde_json::{json, Value};
 use starling_tests::{
-    free_port, modules, wait_for_port, wasm_file, workspace_root, Agent, Coordinator, Store,
+    binary, free_port, modules, wait_for_port, wasm_file, workspace_root, Agent, Coordinator, Store,
 };
 
 /// How long a page may take to show what a test waits for: agents enroll
@@ -245,9 +245,24 @@ impl Browser {
         .to_string()
     }
 
+    /// With `UPDATE_SCREENSHOTS=1`: the page `path` as
+    /// `docs/console/NAME.png`, loaded afresh and given a few seconds for
+    /// its sparklines to fill (only then: the tests themselves never wait
+    /// for that).
+    fn screenshot_of(&self, path: &str, name: &str) {
+        if !screenshots() {
+            return;
+        }
+        self.goto(path);
+        // Going to the URL already open does not load it again.
+        self.runtime.block_on(self.client().refresh()).unwrap();
+        std::thread::sleep(Duration::from_secs(6));
+        self.screenshot(name);
+    }
+
     /// With `UPDATE_SCREENSHOTS=1`: the page as `docs/console/NAME.png`.
     fn screenshot(&self, name: &str) {
-        if std::env::var("UPDATE_SCREENSHOTS").as_deref() != Ok("1") {
+        if !screenshots() {
             return;
         }
         let png = self.runtime.block_on(self.client().screenshot()).unwrap();
@@ -265,6 +280,11 @@ impl Drop for Browser {
             });
         }
     }
+}
+
+/// Whether this run writes the screenshots (`UPDATE_SCREENSHOTS=1`).
+fn screenshots() -> bool {
+    std::env::var("UPDATE_SCREENSHOTS").as_deref() == Ok("1")
 }
 
 /// Whether the coordinator still lists `node` as online (not revoked).
@@ -285,7 +305,27 @@ fn api_token(coordinator: &Coordinator, role: &str) -> String {
 #[test]
 fn the_console_fills_in_live_and_explains_a_placement() {
     let _turn = crate::alongside();
-    let coordinator = Coordinator::start(None, Store::Sqlite, &[]);
+    // A site of its own federation, so the sites page has a member.
+    let key = String::from_utf8(
+        Command::new(binary("starling-coordinator"))
+            .arg("cluster-key")
+            .output()
+            .unwrap()
+            .stdout,
+    )
+    .unwrap();
+    let coordinator = Coordinator::start(
+        None,
+        Store::Sqlite,
+        &[
+            "--site",
+            "lab",
+            "--cluster-key",
+            key.trim(),
+            "--gossip-listen",
+            "127.0.0.1:0",
+        ],
+    );
     let browser = Browser::open(&coordinator.rest);
 
     // Signed out, every page leads to the sign-in form.
@@ -321,14 +361,15 @@ fn the_console_fills_in_live_and_explains_a_placement() {
     browser.mark();
     let _a = Agent::start(&coordinator, &coordinator.mqtt, "console-a", "zone=lab");
     let _b = Agent::start(&coordinator, &coordinator.mqtt, "console-b", "zone=field");
-    browser.wait_for("tr[data-node='console-a'][data-state='online']");
-    browser.wait_for("tr[data-node='console-b'][data-state='online']");
+    browser.wait_for("tr[data-node='console-a'] [data-state='online']");
+    browser.wait_for("tr[data-node='console-b'] [data-state='online']");
     browser.wait_for("tr[data-node='console-a'] svg.spark polyline");
+    assert_eq!(browser.text("#fleet-summary"), "2 nodes, 2 online");
     assert!(
         browser.still_marked(),
         "the fleet filled in without a reload"
     );
-    browser.screenshot("fleet");
+    browser.screenshot_of("/", "fleet");
 
     // A task submitted through the CLI turns succeeded on the open list.
     let dir = tempfile::tempdir().unwrap();
@@ -347,12 +388,12 @@ fn the_console_fills_in_live_and_explains_a_placement() {
     let task = coordinator
         .submit(&digest, hostile)
         .expect("the task is accepted");
-    browser.wait_for(&format!("tr[data-task='{task}'][data-state='succeeded']"));
+    browser.wait_for(&format!("tr[data-task='{task}'] [data-state='succeeded']"));
     assert!(
         browser.still_marked(),
         "the row turned succeeded without a reload"
     );
-    browser.screenshot("tasks");
+    browser.screenshot_of("/tasks", "tasks");
 
     // Its page: the output escaped, and the placement explained.
     browser.goto(&format!("/tasks/{task}"));
@@ -378,14 +419,15 @@ fn the_console_fills_in_live_and_explains_a_placement() {
     browser.goto("/nodes/console-a");
     browser.wait_for("#node-live figure.plot");
     assert!(browser.text("h1").contains("console-a"));
-    browser.screenshot("node");
+    browser.screenshot_of("/nodes/console-a", "node");
 
     browser.goto("/artifacts");
     browser.wait_for(&format!("tr[id='a-{digest}']"));
     browser.screenshot("artifacts");
     browser.goto("/sites");
-    browser.wait_for("main h1");
-    browser.screenshot("sites");
+    browser.wait_for("table#sites");
+    assert!(browser.text("table#sites").contains("lab"));
+    browser.screenshot_of("/sites", "sites");
 
     // A join token made in the console is shown once, never again.
     browser.goto("/access");

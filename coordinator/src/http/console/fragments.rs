@@ -10,6 +10,7 @@ use super::history::Sample;
 use super::layout::{ago, bytes, hex_id, percent, task_badge, utc, Caller};
 use super::svg::row_sparklines;
 use crate::registry::NodeEntry;
+use crate::Shared;
 
 /// A node's state as the console shows it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -61,6 +62,14 @@ impl NodeState {
             }
         }
     }
+}
+
+/// This coordinator's site name (its federation name, else `local`).
+pub(crate) fn own_site(shared: &Shared) -> String {
+    shared.federation.as_ref().map_or_else(
+        || "local".to_owned(),
+        |federation| federation.site.to_string(),
+    )
 }
 
 /// The site a node belongs to: its `site=` label, else this coordinator's.
@@ -163,7 +172,7 @@ pub(crate) fn task_event(id: &str) -> String {
 
 /// A node's state badge.
 pub(crate) fn state_badge(state: NodeState) -> Markup {
-    html! { span class={ "badge " (state.as_str()) } { (state.as_str()) } }
+    html! { span class={ "badge " (state.as_str()) } data-state=(state.as_str()) { (state.as_str()) } }
 }
 
 /// The MQTT session and the heartbeat, shown apart: a node may hold its
@@ -181,57 +190,74 @@ pub(crate) fn liveness(view: &NodeView, now_ms: u64) -> (Markup, Markup) {
     (mqtt, heartbeat)
 }
 
-/// One fleet row. `caller` decides whether it has a checkbox for bulk revoke.
+/// One fleet row: the row element stays while the stream replaces its
+/// cells ([`node_cells`]), so its listener is never lost between two
+/// events that follow each other closely.
 pub(crate) fn node_row(view: &NodeView, caller: &Caller, now_ms: u64) -> Markup {
     let event = node_event(&view.id);
-    let (mqtt, heartbeat) = liveness(view, now_ms);
-    let (cpu_line, memory_line, rtt_line) = row_sparklines(&view.samples);
     html! {
-        tr id=(event) sse-swap=(event) hx-swap="outerHTML" data-node=(view.id) data-state=(view.state.as_str()) {
-            @if caller.may(Role::Operator) {
-                td { input type="checkbox" name="node" value=(view.id) form="bulk" aria-label={ "select " (view.id) }; }
-            }
-            td { a href={ "/nodes/" (segment(&view.id)) } { (view.id) } }
-            td { (state_badge(view.state)) }
-            td { (mqtt) }
-            td { (heartbeat) }
-            td { (view.arch) }
-            td.num { (view.cores) }
-            td.num { (bytes(view.memory_bytes)) }
-            td.num { (view.gpus) }
-            td.num { (view.power_level.map_or("–".to_owned(), |level| level.to_string())) }
-            td.num { (view.cpu_load.map_or("–".to_owned(), percent)) (cpu_line) }
-            td.num { (view.memory_used.map_or("–".to_owned(), percent)) (memory_line) }
-            td.num { (view.rtt_ms.map_or("–".to_owned(), |rtt| format!("{rtt:.1} ms"))) (rtt_line) }
-            td { (view.site) }
-            td.wrap.muted { (view.labels.join(", ")) }
+        tr id=(event) sse-swap=(event) hx-swap="innerHTML" data-node=(view.id) {
+            (node_cells(view, caller, now_ms))
         }
     }
 }
 
-/// One task row.
+/// A fleet row's cells. `caller` decides whether it has a checkbox for
+/// bulk revoke.
+pub(crate) fn node_cells(view: &NodeView, caller: &Caller, now_ms: u64) -> Markup {
+    let (mqtt, heartbeat) = liveness(view, now_ms);
+    let (cpu_line, memory_line, rtt_line) = row_sparklines(&view.samples);
+    html! {
+        @if caller.may(Role::Operator) {
+            td { input type="checkbox" name="node" value=(view.id) form="bulk" aria-label={ "select " (view.id) }; }
+        }
+        td { a href={ "/nodes/" (segment(&view.id)) } { (view.id) } }
+        td { (state_badge(view.state)) }
+        td { (mqtt) }
+        td { (heartbeat) }
+        td { (view.arch) }
+        td.num { (view.cores) }
+        td.num { (bytes(view.memory_bytes)) }
+        td.num { (view.gpus) }
+        td.num { (view.power_level.map_or("–".to_owned(), |level| level.to_string())) }
+        td.num { (view.cpu_load.map_or("–".to_owned(), percent)) (cpu_line) }
+        td.num { (view.memory_used.map_or("–".to_owned(), percent)) (memory_line) }
+        td.num { (view.rtt_ms.map_or("–".to_owned(), |rtt| format!("{rtt:.1} ms"))) (rtt_line) }
+        td { (view.site) }
+        td.wrap.muted { (view.labels.join(", ")) }
+    }
+}
+
+/// One task row; like a fleet row, the stream replaces only its cells.
 pub(crate) fn task_row(task: &TaskSummary, now_ms: u64) -> Markup {
     let event = task_event(&task.id);
     html! {
-        tr id=(event) sse-swap=(event) hx-swap="outerHTML" data-task=(task.id) data-state=(task.state.as_str()) {
-            td.mono { a href={ "/tasks/" (segment(&task.id)) } { (task.id) } }
-            td { (task_badge(task.state)) }
-            td.mono { a href={ "/artifacts#a-" (task.artifact) } { (task.artifact.get(..12).unwrap_or(&task.artifact)) } }
-            td {
-                @if let Some(node) = &task.node_id {
-                    a href={ "/nodes/" (segment(node)) } { (node) }
-                } @else if let Some(site) = &task.site {
-                    "site " (site)
-                } @else {
-                    span.muted { "–" }
-                }
-            }
-            td.num { (task.attempt) }
-            td.num { (task.priority) }
-            td title=(utc(task.created_ms)) { (ago(now_ms, task.created_ms)) }
-            td title=(utc(task.updated_ms)) { (ago(now_ms, task.updated_ms)) }
-            td.muted { (task.reason.as_deref().unwrap_or("")) }
+        tr id=(event) sse-swap=(event) hx-swap="innerHTML" data-task=(task.id) {
+            (task_cells(task, now_ms))
         }
+    }
+}
+
+/// A task row's cells.
+pub(crate) fn task_cells(task: &TaskSummary, now_ms: u64) -> Markup {
+    html! {
+        td.mono { a href={ "/tasks/" (segment(&task.id)) } { (task.id) } }
+        td { (task_badge(task.state)) }
+        td.mono { a href={ "/artifacts#a-" (task.artifact) } { (task.artifact.get(..12).unwrap_or(&task.artifact)) } }
+        td {
+            @if let Some(node) = &task.node_id {
+                a href={ "/nodes/" (segment(node)) } { (node) }
+            } @else if let Some(site) = &task.site {
+                "site " (site)
+            } @else {
+                span.muted { "–" }
+            }
+        }
+        td.num { (task.attempt) }
+        td.num { (task.priority) }
+        td title=(utc(task.created_ms)) { (ago(now_ms, task.created_ms)) }
+        td title=(utc(task.updated_ms)) { (ago(now_ms, task.updated_ms)) }
+        td.muted { (task.reason.as_deref().unwrap_or("")) }
     }
 }
 

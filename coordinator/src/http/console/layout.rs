@@ -289,7 +289,7 @@ pub(crate) fn percent(fraction: f32) -> String {
 
 /// A task state as a coloured badge.
 pub(crate) fn task_badge(status: TaskStatus) -> Markup {
-    html! { span class={ "badge task-" (status.as_str()) } { (status.as_str()) } }
+    html! { span class={ "badge task-" (status.as_str()) } data-state=(status.as_str()) { (status.as_str()) } }
 }
 
 /// Hex of a string, for element ids and event names: node and task ids

@@ -68,12 +68,10 @@ pub(crate) fn router(shared: Arc<Shared>) -> Router<Arc<Shared>> {
     }
     Router::new()
         .route("/", get(fleet::fleet))
-        .route("/fleet/rows", get(fleet::fleet_rows))
         .route("/nodes/revoke", post(fleet::revoke_many))
         .route("/nodes/{id}", get(node::node))
         .route("/nodes/{id}/revoke", post(node::revoke))
         .route("/tasks", get(tasks::tasks))
-        .route("/tasks/rows", get(tasks::task_rows))
         .route("/tasks/{id}", get(task::task))
         .route("/artifacts", get(catalog::artifacts))
         .route("/sites", get(catalog::sites))

@@ -2,10 +2,10 @@
 //! extension. Each page opens one stream naming what it shows (`view=` and
 //! the page's filters); the stream subscribes to the same feed as
 //! `GET /api/v1/events` and sends, per change, the fragment to swap in:
-//! `n-HEX` a fleet row, `t-HEX` a task row (HEX: the id in hex),
+//! `n-HEX` a fleet row's cells, `t-HEX` a task row's (HEX: the id in hex),
 //! `node-live` / `task-live` a detail page's live section, and
-//! `fleet-changed` / `tasks-changed` (no data) when rows come or go, which
-//! makes the page reload its table. The session is checked again every few
+//! `fleet-rows` / `task-rows` a list's whole table body when rows come or
+//! go. The session is checked again every few
 //! seconds, so a revoked token's stream ends.
 
 use std::collections::{HashSet, VecDeque};
@@ -21,12 +21,12 @@ use axum::Extension;
 use serde::Deserialize;
 use starling_api::{EventKind, LiveEvent, NodeChangeKind, Role};
 
-use super::fragments::{node_event, node_row, task_event, task_row};
+use super::fragments::{node_cells, node_event, task_cells, task_event};
 use super::layout::{Caller, ConsoleError};
-use super::pages::fleet::{fleet_page, FleetQuery};
+use super::pages::fleet::{fleet_page, pager, rows as fleet_rows, summary, FleetQuery};
 use super::pages::node::{live_section as node_live, node_view};
 use super::pages::task::{live_section as task_live, read_task};
-use super::pages::tasks::{task_page, TaskQuery};
+use super::pages::tasks::{rows as task_rows, task_page, TaskQuery};
 use crate::http::auth::session_caller;
 use crate::http::handlers::tasks::task_summary;
 use crate::live::{Delivery, Filter, Subscription};
@@ -101,10 +101,6 @@ fn fragment(name: &str, markup: maud::Markup) -> Event {
     Event::default().event(name).data(markup.into_string())
 }
 
-fn signal(name: &str) -> Event {
-    Event::default().event(name).data("")
-}
-
 impl Stream {
     /// Sends a table reload now, or once [`RELOAD_INTERVAL`] has passed.
     async fn reload(&mut self) -> Result<(), ConsoleError> {
@@ -118,18 +114,28 @@ impl Stream {
         self.reload_due = false;
         self.last_reload = Some(Instant::now());
         match &mut self.watch {
+            // The table's rows are sent whole, in the stream: row events
+            // that follow apply to them, in order (a page reloading its
+            // table by a request of its own could miss the events sent
+            // while that request was under way).
             Watch::Fleet { query, shown } => {
                 let page = fleet_page(&self.shared, query);
-                let now: HashSet<String> = page.rows.into_iter().map(|row| row.id).collect();
+                let now: HashSet<String> = page.rows.iter().map(|row| row.id.clone()).collect();
                 if now != *shown {
                     *shown = now;
-                    self.out.push_back(signal("fleet-changed"));
+                    let rows = fleet_rows(&page, &self.caller, unix_now_ms());
+                    self.out.push_back(fragment("fleet-rows", rows));
+                    self.out
+                        .push_back(fragment("fleet-summary", summary(&page)));
+                    self.out
+                        .push_back(fragment("fleet-pager", pager(&page, query)));
                 }
             }
             Watch::Tasks { query, shown } => {
                 let (tasks, _) = task_page(&self.shared, query).await?;
-                *shown = tasks.into_iter().map(|task| task.id).collect();
-                self.out.push_back(signal("tasks-changed"));
+                *shown = tasks.iter().map(|task| task.id.clone()).collect();
+                self.out
+                    .push_back(fragment("task-rows", task_rows(&tasks, unix_now_ms())));
             }
             Watch::Task { id } => {
                 let task = read_task(&self.shared, id).await?;
@@ -149,14 +155,21 @@ impl Stream {
     async fn handle(&mut self, event: &LiveEvent) -> Result<(), ConsoleError> {
         let now_ms = unix_now_ms();
         match &self.watch {
-            Watch::Fleet { shown, .. } => {
+            Watch::Fleet { shown, query } => {
                 let Some(id) = event.node_id() else {
                     return Ok(());
                 };
                 if shown.contains(id) {
                     if let Some((view, _)) = node_view(&self.shared, id) {
-                        let row = node_row(&view, &self.caller, now_ms);
+                        let row = node_cells(&view, &self.caller, now_ms);
                         self.out.push_back(fragment(&node_event(id), row));
+                    }
+                    if matches!(event, LiveEvent::Node(_)) {
+                        // A state changed: the counts follow (rare events,
+                        // so counting the fleet again is cheap enough).
+                        let page = fleet_page(&self.shared, query);
+                        self.out
+                            .push_back(fragment("fleet-summary", summary(&page)));
                     }
                 } else if matches!(event, LiveEvent::Node(change) if change.change != NodeChangeKind::Revoked)
                 {
@@ -171,7 +184,7 @@ impl Stream {
                 };
                 if shown.contains(id) {
                     if let Some(record) = self.shared.store.task(id).await? {
-                        let row = task_row(&task_summary(record), now_ms);
+                        let row = task_cells(&task_summary(record), now_ms);
                         self.out.push_back(fragment(&task_event(id), row));
                     }
                 } else {

@@ -88,7 +88,7 @@ pub(crate) fn plot(samples: &[Sample]) -> Markup {
                     @let y = height - tick * height;
                     line x1="0" x2=(width) y1=(y) y2=(y) class="grid" {}
                     text x="-6" y=(y + 4.0) text-anchor="end" { (format!("{:.0}%", tick * 100.0)) }
-                    text x=(width + 6.0) y=(y + 4.0) { (format!("{:.0} ms", tick * rtt_max)) }
+                    text x=(width + 6.0) y=(y + 4.0) { (format!("{} ms", tick * rtt_max)) }
                 }
                 polyline.cpu points=(points(&cpu, 1.0, width, height)) fill="none" {}
                 polyline.mem points=(points(&memory, 1.0, width, height)) fill="none" {}

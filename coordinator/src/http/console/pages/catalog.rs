@@ -99,7 +99,7 @@ pub(crate) async fn sites(
                             @match &site.digest {
                                 Some(digest) => {
                                     td.num { (digest.nodes) } td.num { (digest.pending) } td.num { (digest.running) }
-                                    td.num { (format!("{:.0}", digest.watts)) } td.num { (digest.artifacts.len()) }
+                                    td.num { (format!("{:.0}", if digest.watts.abs() < 0.5 { 0.0 } else { digest.watts })) } td.num { (digest.artifacts.len()) }
                                 }
                                 None => { td colspan="5" { span.muted { "no digest yet" } } }
                             }

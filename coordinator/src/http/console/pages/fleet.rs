@@ -12,7 +12,7 @@ use maud::{html, Markup};
 use serde::Deserialize;
 use starling_api::Role;
 
-use super::super::fragments::{node_row, NodeState, NodeView};
+use super::super::fragments::{node_row, node_site, own_site, NodeState, NodeView};
 use super::super::gate::FormFields;
 use super::super::layout::{page, respond, Caller, ConsoleError, Section};
 use super::node::revoke_one;
@@ -87,14 +87,6 @@ impl FleetQuery {
     }
 }
 
-/// This coordinator's site name (its federation name, else `local`).
-pub(crate) fn own_site(shared: &Shared) -> String {
-    shared.federation.as_ref().map_or_else(
-        || "local".to_owned(),
-        |federation| federation.site.to_string(),
-    )
-}
-
 /// One page of the fleet under a filter.
 pub(crate) struct FleetPage {
     pub(crate) rows: Vec<NodeView>,
@@ -122,7 +114,7 @@ pub(crate) fn fleet_page(shared: &Shared, query: &FleetQuery) -> FleetPage {
     for entry in registry.nodes() {
         let id = entry.capability.node_id.as_str();
         let state = NodeState::of(entry, shared.mqtt_access.is_revoked(id));
-        let site = super::super::fragments::node_site(entry, &own);
+        let site = node_site(entry, &own);
         if state == NodeState::Online {
             page.online += 1;
         }
@@ -146,7 +138,7 @@ pub(crate) fn fleet_page(shared: &Shared, query: &FleetQuery) -> FleetPage {
     page
 }
 
-/// The table's rows (also what `GET /fleet/rows` answers, for reloads).
+/// The table's rows (also what the console's stream sends when they change).
 pub(crate) fn rows(page: &FleetPage, caller: &Caller, now_ms: u64) -> Markup {
     html! {
         @for view in &page.rows {
@@ -204,7 +196,28 @@ fn header_row(caller: &Caller) -> Markup {
     }
 }
 
-/// `GET /`: the fleet.
+/// The counts beside the title.
+pub(crate) fn summary(page: &FleetPage) -> Markup {
+    html! { (page.total) " nodes, " (page.online) " online" }
+}
+
+/// The pager under the table.
+pub(crate) fn pager(page: &FleetPage, query: &FleetQuery) -> Markup {
+    let page_number = query.page();
+    let pages = page.matched.div_ceil(PAGE_SIZE).max(1);
+    html! {
+        span { (page.matched) " matching, page " (page_number + 1) " of " (pages) }
+        @if page_number > 0 {
+            a href={ "/?" (query.to_query(page_number - 1)) } { "← previous" }
+        }
+        @if page_number + 1 < pages {
+            a href={ "/?" (query.to_query(page_number + 1)) } { "next →" }
+        }
+    }
+}
+
+/// `GET /`: the fleet. The counts, rows and pager are swapped in by the
+/// console's stream as nodes come and go.
 pub(crate) async fn fleet(
     State(shared): State<Arc<Shared>>,
     Extension(caller): Extension<Caller>,
@@ -212,13 +225,14 @@ pub(crate) async fn fleet(
 ) -> Response {
     let now_ms = unix_now_ms();
     let fleet = fleet_page(&shared, &query);
-    let page_number = query.page();
-    let pages = fleet.matched.div_ceil(PAGE_SIZE).max(1);
-    let stream = format!("/console/events?view=fleet&{}", query.to_query(page_number));
+    let stream = format!(
+        "/console/events?view=fleet&{}",
+        query.to_query(query.page())
+    );
     let body = html! {
-        h1 { "Fleet " span.muted { (fleet.total) " nodes, " (fleet.online) " online" } }
-        (filters(&query, &fleet))
         div sse-connect=(stream) {
+            h1 { "Fleet " span.muted #fleet-summary sse-swap="fleet-summary" hx-swap="innerHTML" { (summary(&fleet)) } }
+            (filters(&query, &fleet))
             @if caller.may(Role::Operator) {
                 form #bulk method="post" action="/nodes/revoke" {
                     (caller.csrf_field())
@@ -230,38 +244,16 @@ pub(crate) async fn fleet(
             }
             table #fleet {
                 thead { (header_row(&caller)) }
-                tbody #fleet-rows hx-get={ "/fleet/rows?" (query.to_query(page_number)) } hx-trigger="sse:fleet-changed" hx-swap="innerHTML" {
+                tbody #fleet-rows sse-swap="fleet-rows" hx-swap="innerHTML" {
                     (rows(&fleet, &caller, now_ms))
                 }
             }
-        }
-        div.pager {
-            span { (fleet.matched) " matching, page " (page_number + 1) " of " (pages) }
-            @if page_number > 0 {
-                a href={ "/?" (query.to_query(page_number - 1)) } { "← previous" }
-            }
-            @if page_number + 1 < pages {
-                a href={ "/?" (query.to_query(page_number + 1)) } { "next →" }
-            }
+            div.pager sse-swap="fleet-pager" hx-swap="innerHTML" { (pager(&fleet, &query)) }
         }
     };
     respond(
         axum::http::StatusCode::OK,
         page("Fleet", &caller, Section::Fleet, body),
-    )
-}
-
-/// `GET /fleet/rows`: the rows alone, for htmx to reload the table when
-/// nodes appear.
-pub(crate) async fn fleet_rows(
-    State(shared): State<Arc<Shared>>,
-    Extension(caller): Extension<Caller>,
-    Query(query): Query<FleetQuery>,
-) -> Response {
-    let fleet = fleet_page(&shared, &query);
-    respond(
-        axum::http::StatusCode::OK,
-        rows(&fleet, &caller, unix_now_ms()),
     )
 }
 

@@ -12,7 +12,9 @@ use maud::{html, Markup};
 use starling_api::Role;
 use starling_proto::NodeId;
 
-use super::super::fragments::{liveness, segment, state_badge, task_row, NodeState, NodeView};
+use super::super::fragments::{
+    liveness, own_site, segment, state_badge, task_row, NodeState, NodeView,
+};
 use super::super::layout::{ago, bytes, percent, respond, utc, Caller, ConsoleError, Section};
 use super::super::svg::plot;
 use super::tasks::recent_tasks;
@@ -66,7 +68,7 @@ pub(crate) fn node_view(shared: &Shared, id: &str) -> Option<(NodeView, NodeEntr
     let view = NodeView::of(
         &entry,
         revoked,
-        &super::fleet::own_site(shared),
+        &own_site(shared),
         shared.console.history.samples(id),
     );
     Some((view, entry))

@@ -124,7 +124,7 @@ fn timeline(task: &TaskDetail) -> Markup {
 pub(crate) fn live_section(task: &TaskDetail) -> Markup {
     html! {
         dl.facts {
-            dt { "State" } dd #task-state data-state=(task.state.as_str()) { (task_badge(task.state)) }
+            dt { "State" } dd #task-state { (task_badge(task.state)) }
             dt { "Node" } dd {
                 @if let Some(node) = &task.node_id { a href={ "/nodes/" (segment(node)) } { (node) } }
                 @else if let Some(site) = &task.site { "site " (site) (task.site_node.as_deref().map(|n| format!(" (node {n})")).unwrap_or_default()) }

@@ -128,7 +128,7 @@ pub(crate) async fn task_page(
     ))
 }
 
-/// The table's rows (also what `GET /tasks/rows` answers).
+/// The table's rows (also what the console's stream sends when they change).
 pub(crate) fn rows(tasks: &[TaskSummary], now_ms: u64) -> Markup {
     html! {
         @for task in tasks { (task_row(task, now_ms)) }
@@ -176,7 +176,7 @@ pub(crate) async fn tasks(
         div sse-connect=(stream) {
             table #tasks {
                 thead { tr { th { "Task" } th { "State" } th { "Artifact" } th { "Node" } th.num { "Attempt" } th.num { "Priority" } th { "Created" } th { "Updated" } th { "Reason" } } }
-                tbody #task-rows hx-get={ "/tasks/rows?" (query.to_query(page_number)) } hx-trigger="sse:tasks-changed" hx-swap="innerHTML" {
+                tbody #task-rows sse-swap="task-rows" hx-swap="innerHTML" {
                     (rows(&tasks, now_ms))
                 }
             }
@@ -191,13 +191,4 @@ pub(crate) async fn tasks(
         StatusCode::OK,
         page("Tasks", &caller, Section::Tasks, body),
     ))
-}
-
-/// `GET /tasks/rows`: the rows alone, for htmx to reload when tasks arrive.
-pub(crate) async fn task_rows(
-    State(shared): State<Arc<Shared>>,
-    Query(query): Query<TaskQuery>,
-) -> Result<Response, ConsoleError> {
-    let (tasks, _) = task_page(&shared, &query).await?;
-    Ok(respond(StatusCode::OK, rows(&tasks, unix_now_ms())))
 }
