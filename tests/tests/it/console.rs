@@ -514,6 +514,58 @@ fn the_console_checks_roles_and_refuses_forged_forms() {
     assert_eq!(status, 403);
     assert!(online(&coordinator, "console-r"));
 
+    // The session cookie stands in for a bearer token on the API's GET
+    // routes (a browser's EventSource reads GET /api/v1/events with it),
+    // and on nothing else.
+    let (events, nodes, revoke_api) = browser.runtime.block_on(async {
+        let client = reqwest::Client::new();
+        let cookie = format!("starling_session={session}");
+        let events = client
+            .get(format!("{}/api/v1/events?kind=node", coordinator.rest))
+            .header("cookie", &cookie)
+            .send()
+            .await
+            .unwrap();
+        let events = (
+            events.status().as_u16(),
+            events
+                .headers()
+                .get("content-type")
+                .map(|v| v.to_str().unwrap().to_string()),
+        );
+        let nodes = client
+            .get(format!("{}/api/v1/nodes", coordinator.rest))
+            .header("cookie", &cookie)
+            .send()
+            .await
+            .unwrap()
+            .status()
+            .as_u16();
+        let revoke_api = client
+            .post(format!(
+                "{}/api/v1/nodes/console-r/revoke",
+                coordinator.rest
+            ))
+            .header("cookie", &cookie)
+            .send()
+            .await
+            .unwrap()
+            .status()
+            .as_u16();
+        (events, nodes, revoke_api)
+    });
+    assert_eq!(events.0, 200);
+    assert!(events
+        .1
+        .unwrap_or_default()
+        .starts_with("text/event-stream"));
+    assert_eq!(nodes, 200);
+    assert_eq!(
+        revoke_api, 401,
+        "a cookie alone never makes a POST to the API"
+    );
+    assert!(online(&coordinator, "console-r"));
+
     // The operator's own button revokes it.
     browser.click("#revoke");
     browser.wait_for("h1 .badge.revoked");
