@@ -81,6 +81,18 @@ fn describe(error: &reqwest::Error) -> String {
     text
 }
 
+/// A response's whole body.
+async fn read_body(response: reqwest::Response, url: &str) -> Result<Vec<u8>, ClientError> {
+    response
+        .bytes()
+        .await
+        .map(|body| body.to_vec())
+        .map_err(|error| ClientError::Protocol {
+            url: url.to_string(),
+            detail: describe(&error),
+        })
+}
+
 impl Client {
     /// A client of the coordinator at `base` (`http://host:port`), sending
     /// `token` as a bearer token when given.
@@ -139,13 +151,7 @@ impl Client {
         url: &str,
     ) -> Result<T, ClientError> {
         let response = self.respond(request, url).await?;
-        let body = response
-            .bytes()
-            .await
-            .map_err(|error| ClientError::Protocol {
-                url: url.to_string(),
-                detail: describe(&error),
-            })?;
+        let body = read_body(response, url).await?;
         serde_json::from_slice(&body).map_err(|error| ClientError::Protocol {
             url: url.to_string(),
             detail: error.to_string(),
@@ -180,13 +186,7 @@ impl Client {
         if status.is_success() {
             return Ok(response);
         }
-        let body = response
-            .bytes()
-            .await
-            .map_err(|error| ClientError::Protocol {
-                url: url.to_string(),
-                detail: describe(&error),
-            })?;
+        let body = read_body(response, url).await?;
         Err(match serde_json::from_slice::<ApiError>(&body) {
             Ok(error) => ClientError::Api {
                 status: status.as_u16(),

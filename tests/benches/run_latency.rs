@@ -22,6 +22,10 @@ use starling_api::{EventKind, LiveEvent, SubmitTask, TaskStatus};
 use starling_proto::ExecLimits;
 use starling_tests::{bench_progress, modules, wasm_file, Agent, Coordinator, Store};
 
+/// Tasks that flood the stalled client's buffers before it is measured
+/// beside: four events each, some 1.3 MB in all.
+const FLOOD: usize = 1500;
+
 fn quantile(samples: &mut [Duration], q: f64) -> Duration {
     samples.sort();
     samples[((samples.len() as f64 - 1.0) * q).round() as usize]
@@ -206,9 +210,35 @@ fn main() {
     )
     .unwrap();
     let mut beside_stalled = Vec::with_capacity(runs);
-    let bar = bench_progress(runs, "pushed, beside a stalled client");
     runtime.block_on(async {
         let mut stream = client.events(&tasks_only, None).await.unwrap();
+        // First fill the stalled stream's buffers (on loopback the kernel
+        // gives its socket megabytes): a flood of tasks, four events each.
+        let bar = bench_progress(FLOOD, "flood past the stalled client");
+        let mut flood = tokio::task::JoinSet::new();
+        for _ in 0..FLOOD {
+            let (client, task) = (client.clone(), task.clone());
+            flood.spawn(async move { client.submit(&task).await.unwrap() });
+            if flood.len() >= 32 {
+                flood.join_next().await;
+            }
+        }
+        while flood.join_next().await.is_some() {}
+        let mut ended = 0;
+        while ended < FLOOD {
+            if let Some(Ok(StreamMessage::Event {
+                event: LiveEvent::Task(change),
+                ..
+            })) = stream.next().await
+            {
+                if change.status.is_terminal() {
+                    ended += 1;
+                    bar.inc(1);
+                }
+            }
+        }
+        bar.finish_and_clear();
+        let bar = bench_progress(runs, "pushed, beside a stalled client");
         for _ in 0..runs {
             beside_stalled.push(
                 submit_and_watch(&client, &mut stream, &task)
@@ -217,8 +247,16 @@ fn main() {
             );
             bar.inc(1);
         }
+        bar.finish_and_clear();
     });
-    bar.finish_and_clear();
+    // Whether the stalled client really fell behind: it finds a reset once
+    // it reads what was queued for it.
+    stalled
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    let mut queued = Vec::new();
+    let _ = std::io::Read::read_to_end(&mut stalled, &mut queued);
+    let stalled_reset = String::from_utf8_lossy(&queued).contains("event: reset");
     drop(stalled);
 
     let floor_p50 = quantile(&mut floor, 0.5);
@@ -287,6 +325,16 @@ fn main() {
     ] {
         table.push(format!("| {name} | {value:.2} ms |"));
     }
+    table.push(String::new());
+    table.push(format!(
+        "The stalled client had {:.1} MB queued for it, read afterwards; {}.",
+        queued.len() as f64 / 1e6,
+        if stalled_reset {
+            "it ended with a `reset` (`too_slow`): it had fallen behind the ring while the others were measured"
+        } else {
+            "it held no `reset`: it had not fallen behind the ring"
+        }
+    ));
     let table = table.join("\n");
     println!("{table}");
     if write {

@@ -61,14 +61,42 @@ async fn next_task_change(stream: &mut EventStream) -> (String, starling_api::Ta
     }
 }
 
+/// A coordinator with the echo module published, and a client of it.
+struct Fixture {
+    coordinator: Coordinator,
+    digest: String,
+    runtime: tokio::runtime::Runtime,
+    client: Client,
+    _dir: tempfile::TempDir,
+}
+
+impl Fixture {
+    fn start(extra: &[&str]) -> Fixture {
+        Fixture::with(Coordinator::start(None, Store::Sqlite, extra))
+    }
+
+    fn with(coordinator: Coordinator) -> Fixture {
+        let dir = tempfile::tempdir().unwrap();
+        Fixture {
+            digest: publish_echo(&coordinator, dir.path()),
+            runtime: runtime(),
+            client: client(&coordinator),
+            coordinator,
+            _dir: dir,
+        }
+    }
+}
+
 #[test]
 fn a_task_streams_from_submit_to_success_and_nodes_show_up() {
     let _turn = super::alongside();
-    let coordinator = Coordinator::start(None, Store::Sqlite, &[]);
-    let dir = tempfile::tempdir().unwrap();
-    let digest = publish_echo(&coordinator, dir.path());
-    let runtime = runtime();
-    let client = client(&coordinator);
+    let Fixture {
+        coordinator,
+        digest,
+        runtime,
+        client,
+        _dir,
+    } = Fixture::start(&[]);
 
     // Watching nodes before the agent starts: it comes online, then its
     // telemetry flows. (Its capability shows as a `capability` change only
@@ -177,11 +205,13 @@ fn a_task_streams_from_submit_to_success_and_nodes_show_up() {
 fn a_long_poll_gives_up_after_its_wait_and_refuses_a_bad_one() {
     let _turn = super::alongside();
     // No agent: the task stays pending.
-    let coordinator = Coordinator::start(None, Store::Sqlite, &[]);
-    let dir = tempfile::tempdir().unwrap();
-    let digest = publish_echo(&coordinator, dir.path());
-    let runtime = runtime();
-    let client = client(&coordinator);
+    let Fixture {
+        coordinator,
+        digest,
+        runtime,
+        client,
+        _dir,
+    } = Fixture::start(&[]);
     let task = runtime
         .block_on(client.submit(&echo_task(&digest, "x")))
         .unwrap();
@@ -202,11 +232,13 @@ fn a_long_poll_gives_up_after_its_wait_and_refuses_a_bad_one() {
 #[test]
 fn a_client_resumes_with_last_event_id_and_an_unknown_position_is_reset() {
     let _turn = super::alongside();
-    let coordinator = Coordinator::start(None, Store::Sqlite, &[]);
-    let dir = tempfile::tempdir().unwrap();
-    let digest = publish_echo(&coordinator, dir.path());
-    let runtime = runtime();
-    let client = client(&coordinator);
+    let Fixture {
+        coordinator,
+        digest,
+        runtime,
+        client,
+        _dir,
+    } = Fixture::start(&[]);
     let filter = EventFilter {
         kinds: vec![EventKind::Task],
         ..EventFilter::default()
@@ -292,11 +324,17 @@ fn a_stalled_client_is_reset_and_cut_off_while_others_keep_up() {
     // real network.
     let ns = NetNs::create();
     let ip: std::net::Ipv4Addr = format!("10.231.{}.2", ns.host_octets()[2]).parse().unwrap();
-    let coordinator = Coordinator::start_in_namespace(&ns.name, ip, &["--event-buffer", "32"]);
-    let dir = tempfile::tempdir().unwrap();
-    let digest = publish_echo(&coordinator, dir.path());
-    let runtime = runtime();
-    let client = client(&coordinator);
+    let Fixture {
+        coordinator,
+        digest,
+        runtime,
+        client,
+        _dir,
+    } = Fixture::with(Coordinator::start_in_namespace(
+        &ns.name,
+        ip,
+        &["--event-buffer", "32"],
+    ));
     let filter = EventFilter {
         kinds: vec![EventKind::Task],
         ..EventFilter::default()
@@ -374,4 +412,75 @@ fn a_stalled_client_is_reset_and_cut_off_while_others_keep_up() {
     let reset = reset.expect("a reset event");
     assert!(reset.contains("too_slow"), "{reset}");
     assert!(events < TASKS, "it cannot have had every event: {events}");
+}
+
+/// The stream as an attacker meets it: no token or a made-up one gets
+/// nothing, a viewer's revoked token stops working, and positions forged to
+/// reach past the ring or overflow it are a `reset` (or a 400), not a crash.
+#[test]
+fn the_stream_is_for_token_holders_and_forged_positions_do_not_break_it() {
+    let _turn = super::alongside();
+    let Fixture {
+        coordinator,
+        digest,
+        runtime,
+        client,
+        _dir,
+    } = Fixture::start(&[]);
+    let url = format!("{}/api/v1/events", coordinator.rest);
+    runtime.block_on(async {
+        let http = reqwest::Client::new();
+        let anonymous = http.get(&url).send().await.unwrap();
+        assert_eq!(anonymous.status(), 401);
+        let forged = http
+            .get(&url)
+            .bearer_auth("stk_made_up")
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(forged.status(), 401);
+    });
+    let created = coordinator.cli_json(
+        &[
+            "api-token",
+            "create",
+            "--role",
+            "viewer",
+            "--name",
+            "watcher",
+        ],
+        None,
+    );
+    let viewer_token = created["token"].as_str().unwrap().to_owned();
+    let viewer = Client::new(&coordinator.rest, Some(viewer_token));
+    let filter = EventFilter::default();
+    runtime.block_on(async {
+        let mut stream = viewer.events(&filter, None).await.unwrap();
+        let task = client.submit(&echo_task(&digest, "seen")).await.unwrap();
+        let (_, change) = next_task_change(&mut stream).await;
+        assert_eq!(change.task_id, task.id);
+        // Positions past the newest event, at the top of the range, or far
+        // too long: a reset or a clear refusal.
+        let boot = stream
+            .last_id()
+            .unwrap()
+            .split_once('-')
+            .unwrap()
+            .0
+            .to_owned();
+        for forged in [format!("{boot}-{}", u64::MAX), format!("{boot}-999999999")] {
+            let mut resumed = viewer.events(&filter, Some(&forged)).await.unwrap();
+            match next(&mut resumed, Duration::from_secs(10)).await {
+                StreamMessage::Reset(reset) => assert_eq!(reset.reason, "unknown_position"),
+                other => panic!("{other:?}"),
+            }
+        }
+        let huge = format!("{boot}-{}", "9".repeat(4000));
+        assert!(viewer.events(&filter, Some(&huge)).await.is_err());
+    });
+    let id = created["id"].as_str().unwrap();
+    let revoked = coordinator.cli(&["api-token", "revoke", id], None);
+    assert!(revoked.status.success());
+    let refused = runtime.block_on(viewer.events(&filter, None)).unwrap_err();
+    assert!(refused.to_string().contains("401"), "{refused}");
 }
