@@ -13,8 +13,6 @@ pub mod artifacts;
 #[cfg(feature = "client")]
 pub mod client;
 pub mod error;
-#[cfg(feature = "client")]
-mod event_stream;
 pub mod events;
 pub mod federation;
 pub mod nodes;

@@ -352,6 +352,17 @@ pub enum CliError {
     Up(#[from] crate::up::UpError),
 }
 
+impl From<crate::watch::WatchError> for CliError {
+    fn from(error: crate::watch::WatchError) -> Self {
+        match error {
+            crate::watch::WatchError::Client(error) => CliError::Client(error),
+            crate::watch::WatchError::Output(error) => {
+                CliError::Usage(format!("cannot write to stdout: {error}"))
+            }
+        }
+    }
+}
+
 impl CliError {
     /// The exit status for this error.
     pub fn exit_code(&self) -> i32 {
@@ -596,7 +607,8 @@ async fn dispatch(cli: &Cli, client: &Client) -> Result<i32, CliError> {
                 node: node.clone(),
                 kinds: kind.clone(),
             };
-            crate::watch::watch(client, &filter, cli.json).await
+            crate::watch::watch(client, &filter, cli.json).await?;
+            Ok(EXIT_OK)
         }
         Command::Cancel { id } => {
             let task = client.cancel(id).await?;

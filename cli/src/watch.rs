@@ -9,23 +9,32 @@ use std::time::Duration;
 use starling_api::client::{Client, EventFilter, StreamMessage};
 use starling_api::{LiveEvent, StreamReset};
 
-use crate::command::{CliError, EXIT_OK};
-
 /// Wait before reconnecting after the coordinator closed the stream.
 const RECONNECT_AFTER: Duration = Duration::from_secs(1);
 
+/// Why watching stopped.
+#[derive(Debug, thiserror::Error)]
+pub enum WatchError {
+    /// The coordinator refused the stream or could not be reached.
+    #[error(transparent)]
+    Client(#[from] starling_api::client::ClientError),
+    /// Standard output is gone (a closed pipe).
+    #[error("cannot write to stdout: {0}")]
+    Output(#[from] std::io::Error),
+}
+
 /// Prints events matching `filter` until interrupted.
-pub async fn watch(client: &Client, filter: &EventFilter, json: bool) -> Result<i32, CliError> {
+pub async fn watch(client: &Client, filter: &EventFilter, json: bool) -> Result<(), WatchError> {
     let mut resume: Option<String> = None;
     loop {
         let mut stream = tokio::select! {
             stream = client.events(filter, resume.as_deref()) => stream?,
-            _ = tokio::signal::ctrl_c() => return Ok(EXIT_OK),
+            _ = tokio::signal::ctrl_c() => return Ok(()),
         };
         loop {
             let message = tokio::select! {
                 message = stream.next() => message,
-                _ = tokio::signal::ctrl_c() => return Ok(EXIT_OK),
+                _ = tokio::signal::ctrl_c() => return Ok(()),
             };
             match message {
                 None => break,
@@ -44,17 +53,16 @@ pub async fn watch(client: &Client, filter: &EventFilter, json: bool) -> Result<
     }
 }
 
-fn write_line(line: &str) -> Result<(), CliError> {
+fn write_line(line: &str) -> Result<(), WatchError> {
     let mut stdout = std::io::stdout().lock();
-    writeln!(stdout, "{line}")
-        .and_then(|()| stdout.flush())
-        .map_err(|error| CliError::Usage(format!("cannot write to stdout: {error}")))
+    writeln!(stdout, "{line}")?;
+    stdout.flush()?;
+    Ok(())
 }
 
-fn print_event(id: &str, event: &LiveEvent, json: bool) -> Result<(), CliError> {
+fn print_event(id: &str, event: &LiveEvent, json: bool) -> Result<(), WatchError> {
     if json {
-        let mut value = serde_json::to_value(event)
-            .map_err(|error| CliError::Usage(format!("cannot print JSON: {error}")))?;
+        let mut value = serde_json::to_value(event).map_err(std::io::Error::other)?;
         if let Some(object) = value.as_object_mut() {
             object.insert("id".to_owned(), serde_json::Value::String(id.to_owned()));
         }
@@ -63,7 +71,7 @@ fn print_event(id: &str, event: &LiveEvent, json: bool) -> Result<(), CliError> 
     write_line(&describe(event))
 }
 
-fn report_reset(reset: &StreamReset, json: bool) -> Result<(), CliError> {
+fn report_reset(reset: &StreamReset, json: bool) -> Result<(), WatchError> {
     if json {
         let line = serde_json::json!({ "kind": "reset", "reason": reset.reason, "message": reset.message });
         return write_line(&line.to_string());

@@ -23,8 +23,9 @@ use starling_proto::ExecLimits;
 use starling_tests::{bench_progress, modules, wasm_file, Agent, Coordinator, Store};
 
 /// Tasks that flood the stalled client's buffers before it is measured
-/// beside: four events each, some 1.3 MB in all.
-const FLOOD: usize = 1500;
+/// beside: four events each, some 5 MB in all (on loopback the kernel lets
+/// a socket's send buffer grow to 4 MB).
+const FLOOD: usize = 4000;
 
 fn quantile(samples: &mut [Duration], q: f64) -> Duration {
     samples.sort();
@@ -205,7 +206,7 @@ fn main() {
     stalled.set_nonblocking(false).unwrap();
     write!(
         stalled,
-        "GET /api/v1/events HTTP/1.1\r\nHost: {addr}\r\nAuthorization: Bearer {}\r\n\r\n",
+        "GET /api/v1/events?kind=task HTTP/1.1\r\nHost: {addr}\r\nAuthorization: Bearer {}\r\n\r\n",
         coordinator.token
     )
     .unwrap();
@@ -252,11 +253,24 @@ fn main() {
     // Whether the stalled client really fell behind: it finds a reset once
     // it reads what was queued for it.
     stalled
-        .set_read_timeout(Some(Duration::from_secs(10)))
+        .set_read_timeout(Some(Duration::from_secs(2)))
         .unwrap();
     let mut queued = Vec::new();
-    let _ = std::io::Read::read_to_end(&mut stalled, &mut queued);
-    let stalled_reset = String::from_utf8_lossy(&queued).contains("event: reset");
+    let mut chunk = vec![0u8; 64 * 1024];
+    let mut stalled_reset = false;
+    while let Ok(read) = std::io::Read::read(&mut stalled, &mut chunk) {
+        if read == 0 {
+            break;
+        }
+        queued.extend_from_slice(&chunk[..read]);
+        // The reset ends its stream (the connection itself stays open).
+        if String::from_utf8_lossy(&queued[queued.len().saturating_sub(read + 64)..])
+            .contains("event: reset")
+        {
+            stalled_reset = true;
+            break;
+        }
+    }
     drop(stalled);
 
     let floor_p50 = quantile(&mut floor, 0.5);

@@ -5,7 +5,7 @@ use std::pin::Pin;
 
 use futures_util::{Stream, StreamExt};
 
-use crate::client::ClientError;
+use super::ClientError;
 use crate::events::{EventKind, LiveEvent, StreamReset};
 
 /// Which events to ask for; empty parts ask for everything.

@@ -5,7 +5,9 @@
 use reqwest::StatusCode;
 use serde::de::DeserializeOwned;
 
-pub use crate::event_stream::{EventFilter, EventStream, StreamMessage};
+mod stream;
+
+pub use stream::{EventFilter, EventStream, StreamMessage};
 
 use crate::{
     ApiError, ApiTokenCreated, ApiTokenList, ArtifactSignature, ArtifactStored, CreateApiToken,
