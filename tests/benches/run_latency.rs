@@ -129,7 +129,16 @@ fn main() {
 
     // The whole path: embedded broker, SQLite, one agent.
     let coordinator = Coordinator::start(None, Store::Sqlite, &[]);
-    let _agent = Agent::start(&coordinator, &coordinator.mqtt, "bench", "");
+    // The flood below leaves thousands of attempts in the agent's journal
+    // until their assignments expire; room for them all.
+    let _agent = Agent::start_with(
+        &coordinator,
+        &coordinator.mqtt,
+        "bench",
+        "",
+        None,
+        &["--journal-max-attempts", "100000"],
+    );
     coordinator.wait_for_nodes(1, Duration::from_secs(30));
     let dir = tempfile::tempdir().unwrap();
     let path = wasm_file(dir.path(), "echo", modules::ECHO);
