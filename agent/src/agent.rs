@@ -268,6 +268,7 @@ pub async fn run(
         ));
     configure_mqtt(&mut options, &address, &config).map_err(ConfigError::from)?;
     let (client, mut eventloop) = AsyncClient::new(options, 256);
+    starling_net::mqtt::no_delay(&mut eventloop);
 
     let connect_started = Instant::now();
     // A node that was running work when it went down resumes it even while

@@ -9,6 +9,8 @@
 
 pub mod address;
 pub mod join_file;
+#[cfg(feature = "mqtt")]
+pub mod mqtt;
 pub mod tls;
 pub mod units;
 

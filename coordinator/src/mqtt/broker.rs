@@ -476,6 +476,8 @@ fn broker_config(
         "# Written by starling-coordinator at each start; edits are lost.\n\
          per_listener_settings false\n\
          persistence false\n\
+         # Small answered packets: Nagle would hold each behind a delayed ACK.\n\
+         set_tcp_nodelay true\n\
          log_dest stderr\n\
          log_type error\nlog_type warning\nlog_type notice\nlog_type information\n\
          connection_messages true\n\

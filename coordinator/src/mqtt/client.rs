@@ -51,6 +51,7 @@ pub(crate) async fn connect(
         options.set_credentials(username, password);
     }
     let (client, mut eventloop) = AsyncClient::new(options, 256);
+    starling_net::mqtt::no_delay(&mut eventloop);
     let unreachable = |reason: String| ConnectError::Unreachable {
         url: address.url(),
         reason,
