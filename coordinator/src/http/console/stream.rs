@@ -251,24 +251,15 @@ pub(crate) async fn console_events(
     headers: HeaderMap,
 ) -> Result<Response, ConsoleError> {
     let watch = match (view.view.as_deref(), view.id) {
-        (Some("fleet"), _) => {
-            let shown = fleet_page(&shared, &fleet)
-                .rows
-                .into_iter()
-                .map(|row| row.id)
-                .collect();
-            Watch::Fleet {
-                query: fleet,
-                shown,
-            }
-        }
-        (Some("tasks"), _) => {
-            let (page, _) = task_page(&shared, &tasks).await?;
-            Watch::Tasks {
-                query: tasks,
-                shown: page.into_iter().map(|task| task.id).collect(),
-            }
-        }
+        // What the page shows is sent again below, once subscribed.
+        (Some("fleet"), _) => Watch::Fleet {
+            query: fleet,
+            shown: HashSet::new(),
+        },
+        (Some("tasks"), _) => Watch::Tasks {
+            query: tasks,
+            shown: HashSet::new(),
+        },
         (Some("task"), Some(id)) => Watch::Task { id },
         (Some("node"), Some(id)) => Watch::Node { id },
         _ => {
@@ -278,7 +269,7 @@ pub(crate) async fn console_events(
         }
     };
     let subscription = shared.feed.subscribe(watch.filter(), None);
-    let stream = Stream {
+    let mut stream = Stream {
         shared,
         caller,
         headers,
@@ -289,6 +280,11 @@ pub(crate) async fn console_events(
         last_reload: None,
         reload_due: false,
     };
+    // The page was rendered before this stream subscribed: whatever changed
+    // in between (a short task can run to its end in that gap) would be
+    // lost. The stream's first fragments are therefore what the page shows,
+    // read after subscribing; every change after that follows as an event.
+    stream.reload().await?;
     let events = futures_util::stream::unfold(stream, |mut stream| async move {
         stream
             .next()
