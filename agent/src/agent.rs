@@ -16,6 +16,11 @@
 //!   the journal's unacknowledged events again every `event_resend_interval`
 //!   and after each reconnect.
 //!
+//! [`run`] probes the host and hands over to [`run_node`], which is all of
+//! the above for one node; `starling-agent swarm` calls [`run_node`] once per
+//! virtual device with a [`NodeSetup`] built from a device profile, so a
+//! swarm's devices speak, journal and execute through this same code.
+//!
 //! The orderings that make delivery survive a crash: an assignment is
 //! acknowledged to the broker only after it is in the journal (a crash before
 //! that means redelivery, not loss); an event is in the journal's outbox
@@ -32,7 +37,9 @@ use rumqttc::{
     Outgoing as MqttOutgoing, Packet, QoS,
 };
 use starling_net::BrokerAddress;
+use starling_opencl::worker::WorkerClient;
 use starling_proto::limits::MAX_MESSAGE_BYTES;
+use starling_proto::Telemetry;
 use starling_proto::{
     Assignment, Capability, Channel, EncodeError, LinkState, NodeState, ReportChannel, TaskEvent,
     Topics,
@@ -40,14 +47,15 @@ use starling_proto::{
 use tokio::sync::{mpsc, watch};
 
 use crate::artifact::{ArtifactStore, OpenStoreError};
+use crate::caps::TaskCaps;
 use crate::config::{AgentConfig, ConfigError};
 use crate::journal::{Journal, JournalError, JournalLimits};
 use crate::power::PowerLevels;
 use crate::probe::{add_opencl, probe_opencl, probe_power, probe_with_power, ProbeError};
 use crate::report_key::{ReportKeyError, ReportSealer};
-use crate::runner::Runner;
+use crate::runner::{Execution, ModuleCache, Runner};
 use crate::session::{Action, Outgoing, Session};
-use crate::telemetry::TelemetrySampler;
+use crate::telemetry::{TaskCounts, TelemetrySampler};
 use crate::verify::{AssignmentVerifier, DEFAULT_CLOCK_SKEW};
 use crate::wasm::{ExecError, WasmExecutor};
 
@@ -57,6 +65,10 @@ pub const MAX_PACKET_BYTES: usize = MAX_MESSAGE_BYTES + 16 * 1024;
 
 /// How long the first connection may take before the agent gives up.
 const FIRST_CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The wait before a refused first login is tried again (see
+/// [`NodeSetup::refused_retries`]).
+const REFUSED_RETRY_DELAY: Duration = Duration::from_millis(500);
 
 /// Longest wait between reconnection attempts.
 const MAX_RECONNECT_BACKOFF: Duration = Duration::from_secs(10);
@@ -195,6 +207,53 @@ impl LinkTracker {
     }
 }
 
+/// Where a node's reports and tasks come from, besides its configuration:
+/// probed from the host by [`run`], built from a device profile by the swarm
+/// (`crate::swarm`). Everything else (the MQTT connection, session, journal,
+/// outbound queue, telemetry timer and runner) is [`run_node`]'s, the same
+/// code for both.
+pub struct NodeSetup {
+    /// What the node says it is: published, retained, after every CONNACK.
+    pub capability: Capability,
+    /// The wasm engine; a swarm's devices share one.
+    pub executor: Arc<WasmExecutor>,
+    /// The module cache on disk; a swarm's devices share one.
+    pub artifacts: ArtifactStore,
+    /// Compiled modules in memory; a swarm's devices share one.
+    pub modules: ModuleCache,
+    /// The OpenCL worker, when the node has OpenCL devices.
+    pub opencl: Option<Arc<WorkerClient>>,
+    /// Power levels and their arbitration (cpufreq when the node writes it).
+    pub power: Arc<PowerLevels>,
+    /// The caps on the limits a task may ask for here.
+    pub task_caps: TaskCaps,
+    /// How attempts execute: for real, or modelled.
+    pub execution: Execution,
+    /// Where telemetry figures come from.
+    pub telemetry: Box<dyn TelemetrySource>,
+    /// Called once, when the first connection is up (or the node has
+    /// started offline to resume journaled work).
+    pub started: Option<Box<dyn FnOnce() + Send>>,
+    /// How many times a refused login at the first connection is tried
+    /// again (0 for `run`, where a refusal is the operator's to fix). A
+    /// swarm enrolls devices moments before they connect, and the broker
+    /// may not have reread its password file yet.
+    pub refused_retries: u32,
+}
+
+/// Something that samples a node's load for its telemetry reports.
+pub trait TelemetrySource: Send {
+    /// A report now, with the runner's counts, the power level in force and
+    /// the link's state filled in.
+    fn sample(&mut self, counts: TaskCounts, power_level: u8, link: LinkState) -> Telemetry;
+}
+
+impl TelemetrySource for TelemetrySampler {
+    fn sample(&mut self, counts: TaskCounts, power_level: u8, link: LinkState) -> Telemetry {
+        TelemetrySampler::sample(self, counts, power_level, link)
+    }
+}
+
 /// Runs the agent until `shutdown` resolves, then publishes `offline` and
 /// disconnects. Fails at start when the configuration, the probe, the
 /// journal or the broker is wrong; after a successful start, connection
@@ -204,10 +263,7 @@ pub async fn run(
     shutdown: impl Future<Output = ()> + Send,
 ) -> Result<(), AgentError> {
     config.validate()?;
-    let address = BrokerAddress::parse(&config.broker).map_err(ConfigError::from)?;
     let node_id = config.resolved_node_id()?;
-    let topics = Topics::new(&config.topic_prefix).map_err(ConfigError::from)?;
-    let verifier = verifier(&config, &node_id)?;
 
     let probe_config = config.clone();
     let power = probe_power(&config.sysfs_root);
@@ -226,6 +282,52 @@ pub async fn run(
         config.coordinator_ca_file.as_deref(),
     )?;
     let executor = Arc::new(WasmExecutor::with_policy(config.allowed_grants)?);
+    let telemetry = Box::new(TelemetrySampler::new(
+        node_id,
+        capability.power_levels.to_vec(),
+    ));
+    let setup = NodeSetup {
+        capability,
+        executor,
+        artifacts,
+        modules: ModuleCache::default(),
+        opencl: opencl.map(|node| node.worker),
+        power: Arc::new(PowerLevels::new(power.cpufreq, power.speeds)),
+        task_caps: config.task_caps.resolve(),
+        execution: Execution::Real,
+        telemetry,
+        started: None,
+        refused_retries: 0,
+    };
+    run_node(config, setup, shutdown).await
+}
+
+/// Runs one node, as `setup` describes it, until `shutdown` resolves, then
+/// publishes `offline` and disconnects: the part of [`run`] after the probe,
+/// which the swarm runs once per virtual device.
+pub async fn run_node(
+    config: AgentConfig,
+    setup: NodeSetup,
+    shutdown: impl Future<Output = ()> + Send,
+) -> Result<(), AgentError> {
+    config.validate()?;
+    let address = BrokerAddress::parse(&config.broker).map_err(ConfigError::from)?;
+    let node_id = config.resolved_node_id()?;
+    let topics = Topics::new(&config.topic_prefix).map_err(ConfigError::from)?;
+    let verifier = verifier(&config, &node_id)?;
+    let NodeSetup {
+        capability,
+        executor,
+        artifacts,
+        modules,
+        opencl,
+        power,
+        task_caps,
+        execution,
+        mut telemetry,
+        started,
+        refused_retries,
+    } = setup;
 
     let limits = JournalLimits {
         max_entries: config.journal_max_entries,
@@ -275,7 +377,7 @@ pub async fn run(
     // the broker is away (a reboot during an outage): its events wait in the
     // journal. A node with nothing to resume fails fast instead, so a wrong
     // --broker shows at once. A refused login always stops it.
-    let online = match first_connect(&mut eventloop, &config.broker).await {
+    let online = match first_connect(&mut eventloop, &config.broker, refused_retries).await {
         Ok(session_present) => {
             tracing::info!(node = %node_id, broker = %config.broker, session_present, "connected");
             true
@@ -287,12 +389,15 @@ pub async fn run(
         }
         Err(error) => return Err(error),
     };
+    if let Some(started) = started {
+        started();
+    }
     let link = Arc::new(LinkTracker::new(online.then(|| connect_started.elapsed())));
 
     let (connected_sender, connected) = watch::channel(online);
     let (inbound_sender, mut inbound) = mpsc::unbounded_channel();
     let stopping = Arc::new(AtomicBool::new(false));
-    let connection = tokio::spawn(drive_connection(
+    let connection = tokio::spawn(tracing::Instrument::in_current_span(drive_connection(
         eventloop,
         LastWords {
             will,
@@ -303,9 +408,9 @@ pub async fn run(
         Arc::clone(&stopping),
         connected_sender,
         online,
-    ));
+    )));
     let (outbound_sender, outbound) = mpsc::unbounded_channel();
-    let outbound_task = tokio::spawn(drive_outbound(
+    let outbound_task = tokio::spawn(tracing::Instrument::in_current_span(drive_outbound(
         client.clone(),
         Arc::clone(&sealer),
         journal.clone(),
@@ -313,7 +418,7 @@ pub async fn run(
         connected,
         session.topic(Channel::Events),
         config.event_resend_interval,
-    ));
+    )));
 
     let (event_sender, mut events) = mpsc::unbounded_channel();
     let top_level = capability
@@ -325,14 +430,16 @@ pub async fn run(
         Runner::new(
             node_id.clone(),
             executor,
-            opencl.map(|node| node.worker),
+            opencl,
             artifacts,
             config.max_tasks,
             top_level,
             event_sender,
         )
-        .with_task_caps(config.task_caps.resolve())
-        .with_power(Arc::new(PowerLevels::new(power.cpufreq, power.speeds))),
+        .with_task_caps(task_caps)
+        .with_power(power)
+        .with_module_cache(modules)
+        .with_execution(execution),
     );
     let counters = runner.counters();
     let mut io = Io {
@@ -347,7 +454,6 @@ pub async fn run(
     io.on_connected(&capability)?;
     io.perform(resumed).await;
 
-    let mut sampler = TelemetrySampler::new(node_id, capability.power_levels.to_vec());
     let mut telemetry_timer = tokio::time::interval(config.telemetry_interval);
     telemetry_timer.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
 
@@ -379,7 +485,7 @@ pub async fn run(
             }
             _ = journal_retry.tick(), if !io.unjournaled.is_empty() => io.retry_unjournaled().await,
             _ = telemetry_timer.tick() => {
-                let mut telemetry = sampler.sample(counters.snapshot(), runner.power_level(), link.state());
+                let mut telemetry = telemetry.sample(counters.snapshot(), runner.power_level(), link.state());
                 io.session.list_attempts(&mut telemetry);
                 match io.session.telemetry(&telemetry).and_then(|outgoing| sealer.seal(outgoing)) {
                     // Never wait for room: while the broker is unreachable the
@@ -584,7 +690,9 @@ impl Io {
     }
 
     fn start(&self, assignment: Assignment, cancel: Arc<AtomicBool>) {
-        tokio::spawn(Arc::clone(&self.runner).run_attempt(assignment, cancel));
+        tokio::spawn(tracing::Instrument::in_current_span(
+            Arc::clone(&self.runner).run_attempt(assignment, cancel),
+        ));
     }
 
     /// Journals a new event, then publishes it.
@@ -643,22 +751,36 @@ impl Io {
     }
 }
 
-/// Polls until the first CONNACK; any failure is fatal at start.
-async fn first_connect(eventloop: &mut EventLoop, broker: &str) -> Result<bool, AgentError> {
+/// Polls until the first CONNACK. A refused login is tried again
+/// `refused_retries` times, half a second apart, within the same timeout;
+/// any other failure is fatal at start.
+async fn first_connect(
+    eventloop: &mut EventLoop,
+    broker: &str,
+    refused_retries: u32,
+) -> Result<bool, AgentError> {
     let unreachable = |detail: String| AgentError::BrokerUnreachable {
         broker: broker.to_owned(),
         detail,
     };
     let connect = async {
+        let mut refusals = 0;
         loop {
             match eventloop.poll().await {
                 Ok(Event::Incoming(Packet::ConnAck(ack))) => return Ok(ack.session_present),
                 Ok(_) => continue,
                 Err(error @ ConnectionError::ConnectionRefused(_)) => {
+                    if refusals < refused_retries {
+                        refusals += 1;
+                        tracing::debug!(error = %describe(&error), refusals,
+                            "the broker refused the login; trying again");
+                        tokio::time::sleep(REFUSED_RETRY_DELAY).await;
+                        continue;
+                    }
                     return Err(AgentError::BrokerRefused {
                         broker: broker.to_owned(),
                         detail: describe(&error),
-                    })
+                    });
                 }
                 Err(error) => return Err(unreachable(describe(&error))),
             }

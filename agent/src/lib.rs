@@ -10,7 +10,8 @@
 //! and caches modules by digest; [`wasm`] runs them under limits; [`mod@probe`]
 //! and [`telemetry`] describe the device; [`config`] merges flags,
 //! environment, file and defaults; [`join`] finds the join file a flashed
-//! device enrolls with.
+//! device enrolls with; [`swarm`] runs many virtual devices in one process,
+//! each through the same [`agent::run_node`] as a real agent.
 
 pub mod agent;
 pub mod artifact;
@@ -26,10 +27,11 @@ pub mod probe;
 pub mod report_key;
 pub mod runner;
 pub mod session;
+pub mod swarm;
 pub mod telemetry;
 pub mod verify;
 pub mod wasm;
 
-pub use agent::{run, AgentError};
+pub use agent::{run, run_node, AgentError, NodeSetup};
 pub use config::{AgentConfig, ConfigError, ConfigLayer};
 pub use probe::{probe, ProbeError};

@@ -1,5 +1,5 @@
 //! `starling-agent`: the edge agent binary. `run` serves tasks; `probe` prints
-//! what this device can do.
+//! what this device can do; `swarm` runs many virtual devices in one process.
 
 use std::path::PathBuf;
 
@@ -54,6 +54,33 @@ Config file (TOML; every key optional):
 
 Logs go to stderr; set RUST_LOG (for example RUST_LOG=debug) for more.";
 
+const SWARM_AFTER_HELP: &str = "\
+Examples:
+  starling-agent swarm --count 200 --broker mqtt://10.0.0.2:1883 \\
+      --coordinator-url http://10.0.0.2:8080 --join-token $(starling token create --uses 200) \\
+      --coordinator-key KEY
+      Enroll 200 virtual devices (16 at a time) and run them: swarm-00001 … swarm-00200,
+      an even mix of pi4, jetson, nuc and gateway, each running its wasm tasks for real.
+  starling-agent swarm --count 1000 --execute modelled --profiles pi4=3,jetson,nuc,gateway \\
+      --seed 7 --ramp 20s --broker mqtt://127.0.0.1:1883 --allow-unsigned
+      1,000 devices against a development broker (coordinator with --mqtt-allow-anonymous),
+      three Pi 4s for each other kind, drawn with seed 7, connecting over 20 seconds; tasks
+      are not run but take the time the profile's speed gives them.
+  starling-agent swarm --count 50 --profiles profiles.toml --node-prefix lab --data-dir /tmp/lab ...
+      Devices from a TOML file of [[profile]] tables (name, weight, arch, cores, max_mhz,
+      core_speed, memory_mib, io_mbps, bandwidth_mbps, idle_watts, full_watts, level_speeds,
+      labels, gpu_gflops, ...), named lab-00001 …, their state under /tmp/lab/lab-00001/ ….
+
+Each device is a whole agent (its own MQTT session, credentials, journal, capability,
+telemetry and last will) sharing the process's wasm engine and module cache. A second start
+with the same --data-dir and --node-prefix reuses the credentials and needs no join token.
+When every device is connected, one JSON line goes to stdout:
+  {\"event\":\"ready\",\"count\":200,\"enrolled\":200,\"seconds\":9.4,\"first\":\"swarm-00001\",\"last\":\"swarm-00200\"}
+Ctrl-C or SIGTERM stops every device cleanly (offline status, disconnect).
+
+Modelled execution: a task's work is its argument work_ms=N (reference-core milliseconds),
+or --modelled-work; it takes work / (profile speed x power level speed) on the device.";
+
 /// Starling's edge agent: reports this device to a coordinator over MQTT and
 /// runs the wasm and OpenCL tasks it is assigned, verified by digest and under limits.
 #[derive(Debug, Parser)]
@@ -69,6 +96,10 @@ enum Command {
     Run(Settings),
     /// Print this device's capability report (the retained MQTT message) as JSON.
     Probe(Settings),
+    /// Run many virtual devices in this process, each a whole agent with its own MQTT
+    /// session, credentials, journal, capability and telemetry (tests, benchmarks, demos).
+    #[command(after_help = SWARM_AFTER_HELP)]
+    Swarm(SwarmArgs),
     /// Write a join file that the packaged agent picks up and enrolls with (run as root
     /// after installing the package; the file goes to the agent's user, mode 0600).
     Join(JoinCommand),
@@ -76,6 +107,57 @@ enum Command {
     /// the packaged unit does it before each start), so the agent never writes the boot
     /// partition. Exits 0 when there is nothing to move, 1 when the file is bad or unwritable.
     ImportJoinFile(ImportArgs),
+}
+
+/// `starling-agent swarm`'s own flags; the agent's settings follow them.
+#[derive(Debug, Args)]
+struct SwarmArgs {
+    /// How many virtual devices.
+    #[arg(long, value_name = "N")]
+    count: usize,
+    /// Devices are named PREFIX-00001, PREFIX-00002, ….
+    #[arg(long, value_name = "PREFIX", default_value = "swarm")]
+    node_prefix: String,
+    /// Device profiles: built-in names with optional weights (pi4, jetson, nuc, gateway;
+    /// e.g. pi4=3,nuc), or a TOML file of [[profile]] tables.
+    #[arg(
+        long,
+        value_name = "FILE|NAMES",
+        default_value = "pi4,jetson,nuc,gateway"
+    )]
+    profiles: String,
+    /// Draw each device's profile at random with this seed [default: weighted round-robin].
+    #[arg(long, value_name = "S")]
+    seed: Option<u64>,
+    /// How tasks run: real (the shared wasm engine) or modelled (waited for, as long as the
+    /// profile's speed makes them take).
+    #[arg(long, value_enum, value_name = "MODE", default_value = "real")]
+    execute: ExecuteMode,
+    /// Reference-core work of a modelled task without a work_ms=N argument, like 100ms.
+    #[arg(long, value_name = "DURATION", default_value = "100ms")]
+    modelled_work: String,
+    /// Spread the devices' connections over this long, like 10s [default: 10ms per device].
+    #[arg(long, value_name = "DURATION")]
+    ramp: Option<String>,
+    /// Most enrollments in flight at once.
+    #[arg(long, value_name = "N", default_value_t = 16)]
+    enroll_concurrency: usize,
+    /// Threads of the async runtime all devices share [default: the number of CPU cores, at most 4].
+    #[arg(long, value_name = "N")]
+    worker_threads: Option<usize>,
+    /// The agent's settings, applied to every device (--data-dir is the swarm's root,
+    /// default ./.starling/swarm; --node-id is refused).
+    #[command(flatten)]
+    settings: Settings,
+}
+
+/// `--execute`.
+#[derive(Debug, Clone, Copy, clap::ValueEnum)]
+enum ExecuteMode {
+    /// Through the shared wasm engine, as `run` does.
+    Real,
+    /// Waited for, as long as the profile's speed makes the task take.
+    Modelled,
 }
 
 /// The join file in the agent's state, where the packaged unit looks first.
@@ -406,9 +488,77 @@ fn execute(cli: Cli) -> anyhow::Result<()> {
             })?;
             Ok(())
         }
+        Command::Swarm(args) => swarm(args),
         Command::Join(args) => write_join_file(&args),
         Command::ImportJoinFile(args) => import_join_file(&args),
     }
+}
+
+/// `starling-agent swarm`: the devices' settings from the flags, then the
+/// swarm on a runtime of its own until Ctrl-C or SIGTERM.
+fn swarm(args: SwarmArgs) -> anyhow::Result<()> {
+    use starling_agent::swarm::{self, profiles, ExecutionMode, SwarmConfig};
+    if !args.settings.join_files.is_empty() {
+        anyhow::bail!("a swarm enrolls with --join-token; drop --join-file");
+    }
+    let mut base = args.settings.resolve(None)?;
+    if args.settings.data_dir.is_none() {
+        base.data_dir = swarm::default_data_dir();
+    }
+    let profiles = profiles::parse(&args.profiles).context("in --profiles")?;
+    let ramp = match &args.ramp {
+        Some(text) => parse_duration(text).context("in --ramp")?,
+        None => std::time::Duration::from_millis(10)
+            .saturating_mul(u32::try_from(args.count).unwrap_or(u32::MAX)),
+    };
+    let config = SwarmConfig {
+        base,
+        count: args.count,
+        node_prefix: args.node_prefix,
+        profiles: profiles::ProfileMix::new(profiles, args.seed),
+        execution: match args.execute {
+            ExecuteMode::Real => ExecutionMode::Real,
+            ExecuteMode::Modelled => ExecutionMode::Modelled,
+        },
+        modelled_work: parse_duration(&args.modelled_work).context("in --modelled-work")?,
+        ramp,
+        enroll_concurrency: args.enroll_concurrency,
+        max_tasks_given: args.settings.max_tasks.is_some(),
+        progress: true,
+    };
+    let threads = args.worker_threads.unwrap_or_else(|| {
+        std::thread::available_parallelism()
+            .map(usize::from)
+            .unwrap_or(1)
+            .min(4)
+    });
+    // One runtime for every device: it only moves messages, as `run`'s does;
+    // tasks run on threads of their own and compiles on the blocking pool.
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(threads.max(1))
+        .thread_name("starling-async")
+        .enable_all()
+        .build()
+        .context("cannot start the async runtime")?;
+    runtime.block_on(async {
+        let shutdown = shutdown_signal()?;
+        swarm::run_swarm(config, shutdown, |ready| {
+            use std::io::Write as _;
+            // One line, flushed: tests and benchmarks wait for it.
+            let mut stdout = std::io::stdout().lock();
+            if let Ok(line) = serde_json::to_string(ready) {
+                let _ = writeln!(stdout, "{line}");
+                let _ = stdout.flush();
+            }
+            tracing::info!(
+                devices = ready.count,
+                seconds = ready.seconds,
+                "every device is connected"
+            );
+        })
+        .await?;
+        anyhow::Ok(())
+    })
 }
 
 /// The configuration to run with, and the join file it came from. With

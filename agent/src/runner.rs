@@ -2,6 +2,12 @@
 //! and verifies the module, compiles it (or takes it from the in-memory module
 //! cache), executes it on a blocking thread, and reports each step as a
 //! [`TaskEvent`] sent back to the I/O loop.
+//!
+//! A virtual device of `starling-agent swarm --execute modelled` runs its
+//! attempts through the same runner with [`Execution::Modelled`]: caps, slot,
+//! cancel and power level as for a real attempt, then a sleep as long as a
+//! [`TaskModel`] says instead of fetching and running the module, so the
+//! session, journal and events see the same sequence of events.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -99,6 +105,42 @@ impl Drop for PowerHold {
     }
 }
 
+/// Compiled modules by digest, kept in memory. One per agent; the devices of
+/// a swarm share one, so a module is compiled once per process rather than
+/// once per virtual device. Cheap to clone: clones share the map.
+#[derive(Clone, Default)]
+pub struct ModuleCache(Arc<Mutex<HashMap<Digest, CompiledModule>>>);
+
+impl std::fmt::Debug for ModuleCache {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let modules = self.0.lock().unwrap_or_else(PoisonError::into_inner).len();
+        f.debug_struct("ModuleCache")
+            .field("modules", &modules)
+            .finish()
+    }
+}
+
+/// How long a modelled attempt takes on a device: the stand-in for running
+/// its module.
+pub trait TaskModel: Send + Sync + std::fmt::Debug {
+    /// The time `assignment` takes here with power level `level` in force.
+    fn duration(&self, assignment: &Assignment, level: u8) -> Duration;
+}
+
+/// How the runner executes an attempt once it holds a slot.
+#[derive(Debug, Clone, Default)]
+pub enum Execution {
+    /// Fetch, verify, compile and run the module (`starling-agent run`).
+    #[default]
+    Real,
+    /// Fetch nothing and run nothing: report the attempt running, wait as
+    /// long as the model says (cancellable), then report it succeeded with
+    /// an empty output, or timed out when the model's time is over the
+    /// attempt's wall-time limit. For virtual devices (`swarm --execute
+    /// modelled`) that load a coordinator without loading this machine.
+    Modelled(Arc<dyn TaskModel>),
+}
+
 /// Shared state of all attempts on this agent.
 pub struct Runner {
     node_id: NodeId,
@@ -107,7 +149,8 @@ pub struct Runner {
     artifacts: ArtifactStore,
     slots: Semaphore,
     counters: Arc<Counters>,
-    compiled: Mutex<HashMap<Digest, CompiledModule>>,
+    compiled: ModuleCache,
+    execution: Execution,
     initial_power_level: u8,
     power: Arc<PowerLevels>,
     events: mpsc::UnboundedSender<TaskEvent>,
@@ -141,7 +184,8 @@ impl Runner {
             artifacts,
             slots: Semaphore::new(max_tasks.max(1)),
             counters: Arc::new(Counters::default()),
-            compiled: Mutex::new(HashMap::new()),
+            compiled: ModuleCache::default(),
+            execution: Execution::Real,
             initial_power_level,
             // Arbitration only, until `with_power` gives the node's cpufreq.
             power: Arc::new(PowerLevels::new(None, Vec::new())),
@@ -165,6 +209,21 @@ impl Runner {
     #[must_use]
     pub fn with_power(mut self, power: Arc<PowerLevels>) -> Self {
         self.power = power;
+        self
+    }
+
+    /// Keeps compiled modules in `cache` (shared with other runners of this
+    /// process) instead of a cache of its own.
+    #[must_use]
+    pub fn with_module_cache(mut self, cache: ModuleCache) -> Self {
+        self.compiled = cache;
+        self
+    }
+
+    /// Executes attempts as `execution` says ([`Execution::Real`] unless set).
+    #[must_use]
+    pub fn with_execution(mut self, execution: Execution) -> Self {
+        self.execution = execution;
         self
     }
 
@@ -298,6 +357,11 @@ impl Runner {
                     None,
                 );
             }
+        }
+        if let Execution::Modelled(model) = &self.execution {
+            return self
+                .execute_modelled(assignment, cancel, hold, model.as_ref())
+                .await;
         }
         // A wasm task comes as code compiled for this node when the
         // assignment carries it (always, for an agent without a compiler),
@@ -459,6 +523,55 @@ impl Runner {
         }
     }
 
+    /// A modelled attempt: running at once, then the model's time (or the
+    /// wall-time limit, when the model's time is over it), answering a
+    /// cancel within [`QUEUED_CANCEL_POLL`].
+    async fn execute_modelled(
+        &self,
+        assignment: &Assignment,
+        cancel: &Arc<AtomicBool>,
+        hold: &mut Option<PowerHold>,
+        model: &dyn TaskModel,
+    ) -> TaskEvent {
+        match self.start_running(assignment, cancel) {
+            Ok(held) => *hold = Some(held),
+            Err(cancelled) => return *cancelled,
+        }
+        let modelled = model.duration(assignment, self.power_level());
+        let wall_limit = Duration::from_millis(assignment.limits.wall_ms);
+        let started = Instant::now();
+        let end = tokio::time::Instant::now() + modelled.min(wall_limit);
+        loop {
+            if cancel.load(Ordering::SeqCst) {
+                return self.state_event(assignment, TaskState::Cancelled);
+            }
+            let now = tokio::time::Instant::now();
+            if now >= end {
+                break;
+            }
+            tokio::time::sleep_until(end.min(now + QUEUED_CANCEL_POLL)).await;
+        }
+        let metrics = ExecMetrics {
+            wall_ms: u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX),
+            ..ExecMetrics::default()
+        };
+        if modelled > wall_limit {
+            let error = ExecError::Timeout {
+                wall_ms: assignment.limits.wall_ms,
+            };
+            return self.failed_event(
+                assignment,
+                error.failure_reason(),
+                &error.to_string(),
+                Some(metrics),
+            );
+        }
+        let mut event = self.state_event(assignment, TaskState::Succeeded);
+        event.exit_code = Some(0);
+        event.metrics = Some(metrics);
+        event
+    }
+
     /// The last step before execution, whatever the runtime: a cancel that
     /// came in while fetching or compiling ends the attempt here (the
     /// returned event); otherwise its power level is applied and it is
@@ -580,6 +693,7 @@ impl Runner {
     ) -> Result<CompiledModule, ExecError> {
         if let Some(module) = self
             .compiled
+            .0
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .get(digest)
@@ -602,7 +716,11 @@ impl Runner {
         .map_err(|e| ExecError::Internal {
             detail: format!("the compile thread failed: {e}"),
         })??;
-        let mut compiled = self.compiled.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut compiled = self
+            .compiled
+            .0
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
         if compiled.len() >= COMPILED_MODULES_KEPT {
             // Crude but bounded: forget everything rather than track recency.
             compiled.clear();

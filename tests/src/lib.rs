@@ -1014,6 +1014,239 @@ impl Agent {
     }
 }
 
+/// A running `starling-agent swarm`: many virtual devices in one process,
+/// each a whole agent with its own MQTT session, credentials, journal,
+/// capability and telemetry (see `agent/src/swarm`).
+///
+/// ```no_run
+/// # use starling_tests::{Coordinator, Store, Swarm};
+/// # use std::time::Duration;
+/// let coordinator = Coordinator::start(None, Store::Sqlite, &[]);
+/// // 50 devices enrolled with one join token of 50 uses, tasks run for real.
+/// let mut swarm = Swarm::start(&coordinator, &coordinator.mqtt, 50, "it", &[]);
+/// coordinator.wait_for_nodes(50, Duration::from_secs(60));
+/// assert_eq!(swarm.ready["count"], 50);
+/// swarm.kill(); // SIGKILL: the broker publishes every device's last will.
+/// ```
+///
+/// The swarm's state (`<dir>/<node id>/`: credentials, journal, report key;
+/// `<dir>/artifacts`: the shared module cache) lives in [`Swarm::dir`], so
+/// [`Swarm::restart`] brings the same devices back with their credentials.
+/// Dropping it stops the process (SIGTERM, then SIGKILL) and prints its log
+/// when the test failed.
+pub struct Swarm {
+    /// The process.
+    pub process: Process,
+    /// Its `--data-dir`.
+    pub dir: TempDir,
+    /// The node id prefix: devices are `{prefix}-00001` …
+    pub prefix: String,
+    /// How many devices.
+    pub count: usize,
+    /// The readiness line it printed once every device was connected
+    /// (`event`, `count`, `enrolled`, `seconds`, `first`, `last`); `Null`
+    /// until [`Swarm::wait_ready`] has seen it.
+    pub ready: serde_json::Value,
+    lines: Option<mpsc::Receiver<String>>,
+    args: Vec<std::ffi::OsString>,
+}
+
+impl Swarm {
+    /// How long [`Swarm::start`] and [`Swarm::restart`] wait for the
+    /// readiness line.
+    pub const READY_TIMEOUT: Duration = Duration::from_secs(120);
+
+    /// Starts `count` devices named `{prefix}-00001` … against `broker`,
+    /// enrolled at `coordinator` with one join token of `count` uses (and
+    /// its key pinned), telemetry every second, devices started over one
+    /// second; `extra` flags go last (`--execute modelled`, `--profiles`,
+    /// `--ramp`, …). Waits for the readiness line.
+    pub fn start(
+        coordinator: &Coordinator,
+        broker: &str,
+        count: usize,
+        prefix: &str,
+        extra: &[&str],
+    ) -> Self {
+        let token = Self::join_token(coordinator, count);
+        let mut args: Vec<std::ffi::OsString> = vec![
+            "--broker".into(),
+            broker.into(),
+            "--coordinator-url".into(),
+            coordinator.rest.clone().into(),
+            "--join-token".into(),
+            token.into(),
+            "--coordinator-key".into(),
+            coordinator.coordinator_key().into(),
+            "--ramp".into(),
+            "1s".into(),
+        ];
+        if let Some(ca) = &coordinator.ca_file {
+            args.extend(["--coordinator-ca-file".into(), ca.into()]);
+        }
+        args.extend(extra.iter().map(Into::into));
+        let mut swarm = Self::start_args(count, prefix, args);
+        swarm.wait_ready(Self::READY_TIMEOUT);
+        swarm
+    }
+
+    /// Starts `count` devices named `{prefix}-00001` … with exactly `args`
+    /// after `swarm --count N --node-prefix P --data-dir DIR` (for a
+    /// development broker: `--broker URL --allow-unsigned`), without waiting
+    /// for them: call [`Swarm::wait_ready`].
+    pub fn start_args(count: usize, prefix: &str, args: Vec<std::ffi::OsString>) -> Self {
+        let dir = TempDir::new().unwrap();
+        let mut all: Vec<std::ffi::OsString> = vec![
+            "swarm".into(),
+            "--count".into(),
+            count.to_string().into(),
+            "--node-prefix".into(),
+            prefix.into(),
+            "--data-dir".into(),
+            dir.path().into(),
+        ];
+        all.extend(args);
+        let mut swarm = Self {
+            process: Self::spawn(&all, dir.path()),
+            dir,
+            prefix: prefix.to_string(),
+            count,
+            ready: serde_json::Value::Null,
+            lines: None,
+            args: all,
+        };
+        swarm.read_stdout();
+        swarm
+    }
+
+    /// A join token of `uses` uses from `coordinator` (`starling token
+    /// create --uses N`).
+    pub fn join_token(coordinator: &Coordinator, uses: usize) -> String {
+        let uses = uses.to_string();
+        let token = coordinator.cli_json(&["token", "create", "--uses", &uses], None);
+        token["token"]
+            .as_str()
+            .unwrap_or_else(|| panic!("no token in {token}"))
+            .to_string()
+    }
+
+    fn spawn(args: &[std::ffi::OsString], dir: &Path) -> Process {
+        let mut command = Command::new(binary("starling-agent"));
+        // Plain text, so tests can search the log for `node=…`.
+        command
+            .args(args)
+            .env("RUST_LOG", "info")
+            .env("NO_COLOR", "1");
+        Process::spawn("swarm", command, dir)
+    }
+
+    fn read_stdout(&mut self) {
+        let stdout = self.process.child.stdout.take().unwrap();
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines() {
+                let Ok(line) = line else { break };
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        self.lines = Some(rx);
+    }
+
+    /// Waits for the readiness line (every device connected), keeps it in
+    /// [`Swarm::ready`] and returns it; panics with the log after `timeout`
+    /// or when the swarm exits first.
+    pub fn wait_ready(&mut self, timeout: Duration) -> &serde_json::Value {
+        let start = Instant::now();
+        let lines = self.lines.as_ref().expect("stdout is read");
+        loop {
+            let left = timeout.saturating_sub(start.elapsed());
+            match lines.recv_timeout(left.min(Duration::from_millis(500))) {
+                Ok(line) => {
+                    if let Ok(value) = serde_json::from_str::<serde_json::Value>(&line) {
+                        if value["event"] == "ready" {
+                            self.ready = value;
+                            return &self.ready;
+                        }
+                    }
+                }
+                Err(mpsc::RecvTimeoutError::Timeout) => {}
+                Err(mpsc::RecvTimeoutError::Disconnected) => {
+                    panic!(
+                        "the swarm exited before it was ready:\n{}",
+                        self.process.log()
+                    )
+                }
+            }
+            assert!(
+                start.elapsed() < timeout,
+                "the swarm was not ready after {timeout:?}:\n{}",
+                self.process.log()
+            );
+        }
+    }
+
+    /// The node id of device `index` (from 0).
+    pub fn node_id(&self, index: usize) -> String {
+        format!("{}-{:05}", self.prefix, index + 1)
+    }
+
+    /// Every device's node id, in order.
+    pub fn node_ids(&self) -> Vec<String> {
+        (0..self.count).map(|index| self.node_id(index)).collect()
+    }
+
+    /// Device `node`'s data directory (credentials, journal, report key).
+    pub fn device_dir(&self, node: &str) -> PathBuf {
+        self.dir.path().join(node)
+    }
+
+    /// Device `node`'s MQTT user name and password, from the credentials it
+    /// enrolled for.
+    pub fn credentials(&self, node: &str) -> (String, String) {
+        let path = self.device_dir(node).join("credentials.json");
+        let text = std::fs::read_to_string(&path)
+            .unwrap_or_else(|e| panic!("read {}: {e}", path.display()));
+        let value: serde_json::Value = serde_json::from_str(&text).unwrap();
+        (
+            value["mqtt_username"].as_str().unwrap().to_string(),
+            value["mqtt_password"].as_str().unwrap().to_string(),
+        )
+    }
+
+    /// The swarm's stderr so far (every device's log lines carry
+    /// `device{node=…}`).
+    pub fn log(&self) -> String {
+        self.process.log()
+    }
+
+    /// Kills the swarm with SIGKILL, as a power cut would: no device says
+    /// goodbye, and the broker publishes each one's last will.
+    pub fn kill(&mut self) {
+        self.process.kill();
+    }
+
+    /// Stops the swarm with SIGTERM (SIGKILL after 5 s) and returns its exit
+    /// code: every device publishes its offline status and disconnects.
+    pub fn stop(&mut self) -> Option<i32> {
+        self.process.stop();
+        self.process.exit_code()
+    }
+
+    /// Kills the swarm and starts it again with the same flags and data
+    /// directory (the devices come back with their credentials and
+    /// journals; the join token is not used again), then waits for it to be
+    /// ready.
+    pub fn restart(&mut self) {
+        self.process.kill();
+        self.process = Self::spawn(&self.args, self.dir.path());
+        self.ready = serde_json::Value::Null;
+        self.read_stdout();
+        self.wait_ready(Self::READY_TIMEOUT);
+    }
+}
+
 /// A network namespace joined to the host by a veth pair, for agents whose
 /// link the tests cut and restore. Deleted on drop.
 pub struct NetNs {

@@ -24,6 +24,7 @@ mod liveness;
 mod opencl;
 mod precompiled;
 mod security;
+mod swarm;
 mod wire;
 
 /// Whose turn it is: many tests [`alongside`] each other, or one [`alone`].
