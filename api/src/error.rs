@@ -89,6 +89,10 @@ error_codes! {
     InvalidWork = "invalid_work" => 400,
     /// An OpenCL submission that does not fit its kernel's spec.
     InvalidKernel = "invalid_kernel" => 400,
+    /// A batch with no tasks.
+    EmptyBatch = "empty_batch" => 400,
+    /// A batch with more tasks than one request takes (`MAX_BATCH_TASKS`).
+    BatchTooLarge = "batch_too_large" => 413,
     /// A task state filter that names no state.
     InvalidState = "invalid_state" => 400,
     /// No task with this id.

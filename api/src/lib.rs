@@ -35,5 +35,6 @@ pub use federation::{
 pub use nodes::{Health, NodeDetail, NodeList, NodeRevoked, NodeSummary};
 pub use task::{TaskDemand, TaskGrants, TaskKind, TaskLimits, TaskStatus};
 pub use tasks::{
-    AttemptRecord, EventRecord, SubmitTask, TaskDetail, TaskList, TaskListQuery, TaskSummary,
+    batch_item_index, batch_item_message, AttemptRecord, BatchSubmitted, EventRecord, SubmitBatch,
+    SubmitTask, TaskDetail, TaskList, TaskListQuery, TaskSummary, MAX_BATCH_TASKS,
 };

@@ -46,6 +46,45 @@ pub struct SubmitTask {
     pub grants: Option<TaskGrants>,
 }
 
+/// The most tasks one `POST /api/v1/tasks:batch` takes.
+pub const MAX_BATCH_TASKS: usize = 1000;
+
+/// Many task submissions at once (`POST /api/v1/tasks:batch`): every item
+/// is checked first and they are stored together, or none is.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct SubmitBatch {
+    /// The tasks, each as `POST /api/v1/tasks` takes it: at least 1, at
+    /// most 1000 (`MAX_BATCH_TASKS`).
+    #[schema(min_items = 1, max_items = 1000)]
+    pub tasks: Vec<SubmitTask>,
+}
+
+/// The tasks a batch created.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct BatchSubmitted {
+    /// The created tasks in the order the batch gave them, each `pending`
+    /// as it was stored.
+    pub tasks: Vec<TaskSummary>,
+}
+
+/// The message of a batch refused for its item `index` (from 0): the
+/// item's own message after `tasks[INDEX]: `, so people and programs
+/// ([`batch_item_index`]) can tell which item to fix.
+pub fn batch_item_message(index: usize, message: &str) -> String {
+    format!("tasks[{index}]: {message}")
+}
+
+/// The item a batch refusal's message names, if it names one
+/// (see [`batch_item_message`]).
+pub fn batch_item_index(message: &str) -> Option<usize> {
+    message
+        .strip_prefix("tasks[")?
+        .split_once("]: ")?
+        .0
+        .parse()
+        .ok()
+}
+
 /// A task in a list.
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 pub struct TaskSummary {
@@ -220,4 +259,20 @@ pub struct AttemptRecord {
     pub state: String,
     /// When it ended, Unix milliseconds.
     pub finished_ms: Option<u64>,
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_batch_refusal_names_its_item() {
+        let message = batch_item_message(17, "no artifact 00ff; upload it first");
+        assert_eq!(message, "tasks[17]: no artifact 00ff; upload it first");
+        assert_eq!(batch_item_index(&message), Some(17));
+        for other in ["no artifact", "tasks[]: x", "tasks[x]: y", "tasks[3] y"] {
+            assert_eq!(batch_item_index(other), None, "{other}");
+        }
+    }
 }

@@ -42,6 +42,8 @@ Examples:
                                                   --trusted-publisher KEY run only signed work
   starling run primes.wasm --arg 100000 --wait    upload, submit, wait, print the output
   echo hello | starling run echo.wasm --input - --wait
+  starling submit-batch tasks.jsonl               many tasks in one request, one JSON task a line;
+                                                  all created or none (see submit-batch --help)
   starling run 9f86d0…0a08 --deadline 5s          submit an already published module by digest
   starling run tasks/saxpy/saxpy.cl --arg n=4 --input xy.f32 --wait
                                                   an OpenCL kernel: scalars as NAME=VALUE,
@@ -179,6 +181,14 @@ pub enum Command {
     },
     /// Submit a task (uploading the module first when given a file).
     Run(RunArgs),
+    /// Submit many tasks at once from a JSON-lines file, one task a line: all are
+    /// created or, if one is refused, none (at most 1000).
+    #[command(name = "submit-batch", after_help = crate::batch::SUBMIT_BATCH_HELP)]
+    SubmitBatch {
+        /// The JSON-lines file (`-` reads stdin).
+        #[arg(value_name = "FILE.jsonl|-")]
+        file: PathBuf,
+    },
     /// List recent tasks, newest first.
     Tasks {
         /// Only tasks in this state (pending, assigned, running, succeeded, failed, cancelled).
@@ -350,6 +360,15 @@ pub enum CliError {
     #[error(transparent)]
     #[cfg(feature = "up")]
     Up(#[from] crate::up::UpError),
+}
+
+impl From<crate::batch::SubmitBatchError> for CliError {
+    fn from(error: crate::batch::SubmitBatchError) -> Self {
+        match error {
+            crate::batch::SubmitBatchError::Input(message) => CliError::Usage(message),
+            crate::batch::SubmitBatchError::Client(error) => CliError::Client(error),
+        }
+    }
 }
 
 impl From<crate::watch::WatchError> for CliError {
@@ -575,6 +594,17 @@ async fn dispatch(cli: &Cli, client: &Client) -> Result<i32, CliError> {
             Ok(EXIT_OK)
         }
         Command::Run(args) => run_task(cli, client, args).await,
+        Command::SubmitBatch { file } => {
+            let created = crate::batch::submit_file(client, file).await?;
+            if cli.json {
+                print_json(&created)?;
+            } else {
+                for task in &created.tasks {
+                    println!("{}", task.id);
+                }
+            }
+            Ok(EXIT_OK)
+        }
         Command::Tasks { state, limit } => {
             let tasks = client.tasks(state.as_deref(), *limit).await?.tasks;
             if cli.json {

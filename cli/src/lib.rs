@@ -5,6 +5,7 @@
 //! binary links no server part (no wasmtime, sqlx, rumqttc, candle or
 //! opencl3), for laptops and CI jobs that only publish and submit.
 
+mod batch;
 pub mod command;
 pub mod image;
 pub mod manifest;

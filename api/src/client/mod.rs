@@ -10,9 +10,9 @@ mod stream;
 pub use stream::{EventFilter, EventStream, StreamMessage};
 
 use crate::{
-    ApiError, ApiTokenCreated, ApiTokenList, ArtifactSignature, ArtifactStored, CreateApiToken,
-    CreateJoinToken, EnrollRequest, ErrorCode, Health, Identity, JoinTokenCreated, NodeCredentials,
-    NodeDetail, NodeList, NodeRevoked, SiteList, SubmitTask, TaskDetail, TaskList,
+    ApiError, ApiTokenCreated, ApiTokenList, ArtifactSignature, ArtifactStored, BatchSubmitted,
+    CreateApiToken, CreateJoinToken, EnrollRequest, ErrorCode, Health, Identity, JoinTokenCreated,
+    NodeCredentials, NodeDetail, NodeList, NodeRevoked, SiteList, SubmitTask, TaskDetail, TaskList,
 };
 
 /// Why a call failed.
@@ -252,6 +252,20 @@ impl Client {
     pub async fn submit(&self, task: &SubmitTask) -> Result<TaskDetail, ClientError> {
         let url = self.url("/tasks");
         self.send(self.http.post(&url).json(task), &url).await
+    }
+
+    /// `POST /tasks:batch` ([`crate::SubmitBatch`]): at most [`crate::MAX_BATCH_TASKS`] tasks, all
+    /// created or, when one is refused, none (the refusal's message names
+    /// the item: [`crate::batch_item_index`]).
+    pub async fn submit_batch(&self, tasks: &[SubmitTask]) -> Result<BatchSubmitted, ClientError> {
+        /// [`SubmitBatch`] over borrowed tasks, so they are not copied to be sent.
+        #[derive(serde::Serialize)]
+        struct Batch<'a> {
+            tasks: &'a [SubmitTask],
+        }
+        let url = self.url("/tasks:batch");
+        self.send(self.http.post(&url).json(&Batch { tasks }), &url)
+            .await
     }
 
     /// `GET /tasks`, optionally filtered by state.

@@ -47,6 +47,13 @@ impl HttpError {
     pub fn code(&self) -> ErrorCode {
         self.body.error
     }
+
+    /// The same refusal with its message rewritten by `change` (a batch
+    /// names the item it refused).
+    pub(crate) fn map_message(mut self, change: impl FnOnce(&str) -> String) -> Self {
+        self.body.message = change(&self.body.message);
+        self
+    }
 }
 
 impl IntoResponse for HttpError {

@@ -25,7 +25,9 @@ use starling_api::ErrorCode;
 use crate::Shared;
 use auth::authorize;
 use error::HttpError;
-use handlers::{access::*, artifacts::*, events::*, federation::*, metrics::*, nodes::*, tasks::*};
+use handlers::{
+    access::*, artifacts::*, batch::*, events::*, federation::*, metrics::*, nodes::*, tasks::*,
+};
 use openapi::openapi_document;
 
 pub use handlers::artifacts::{validate_artifact, validate_wasm};
@@ -54,6 +56,10 @@ pub(crate) fn router(shared: Arc<Shared>) -> Router {
         .route("/api/v1/artifacts/{digest}", get(get_artifact))
         .route("/api/v1/artifacts/{digest}/signature", post(sign_artifact))
         .route("/api/v1/tasks", post(submit_task).get(list_tasks))
+        .route(
+            "/api/v1/tasks:batch",
+            post(submit_batch).layer(DefaultBodyLimit::max(MAX_BATCH_BODY_BYTES)),
+        )
         .route("/api/v1/tasks/{id}", get(get_task))
         .route("/api/v1/tasks/{id}/cancel", post(cancel_task))
         .route("/api/v1/openapi.json", get(openapi_document))

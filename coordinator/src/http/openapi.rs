@@ -5,17 +5,17 @@ use axum::http::header;
 use axum::response::{IntoResponse, Response};
 use starling_api::{
     ApiError, ApiTokenCreated, ApiTokenList, ApiTokenRecord, ArtifactSignature, ArtifactStored,
-    AttemptRecord, CreateApiToken, CreateJoinToken, EnrollRequest, EventKind, EventRecord,
-    ForwardAccepted, ForwardRequest, ForwardStatus, Health, Identity, JoinTokenCreated, LiveEvent,
-    NodeChange, NodeChangeKind, NodeCredentials, NodeDetail, NodeList, NodeRevoked, NodeSummary,
-    Role, SiteChange, SiteEntry, SiteList, SiteState, StreamReset, SubmitTask, TaskChange,
-    TaskDemand, TaskDetail, TaskGrants, TaskKind, TaskLimits, TaskList, TaskStatus, TaskSummary,
-    TelemetrySample,
+    AttemptRecord, BatchSubmitted, CreateApiToken, CreateJoinToken, EnrollRequest, EventKind,
+    EventRecord, ForwardAccepted, ForwardRequest, ForwardStatus, Health, Identity,
+    JoinTokenCreated, LiveEvent, NodeChange, NodeChangeKind, NodeCredentials, NodeDetail, NodeList,
+    NodeRevoked, NodeSummary, Role, SiteChange, SiteEntry, SiteList, SiteState, StreamReset,
+    SubmitBatch, SubmitTask, TaskChange, TaskDemand, TaskDetail, TaskGrants, TaskKind, TaskLimits,
+    TaskList, TaskStatus, TaskSummary, TelemetrySample,
 };
 use utoipa::OpenApi;
 
 use super::handlers::{
-    access::*, artifacts::*, events::*, federation::*, metrics::*, nodes::*, tasks::*,
+    access::*, artifacts::*, batch::*, events::*, federation::*, metrics::*, nodes::*, tasks::*,
 };
 
 /// Declares the optional bearer token in the OpenAPI document.
@@ -48,6 +48,7 @@ impl utoipa::Modify for BearerToken {
         get_artifact,
         sign_artifact,
         submit_task,
+        submit_batch,
         list_tasks,
         get_task,
         cancel_task,
@@ -81,6 +82,8 @@ impl utoipa::Modify for BearerToken {
         ArtifactStored,
         ArtifactSignature,
         SubmitTask,
+        SubmitBatch,
+        BatchSubmitted,
         TaskSummary,
         TaskList,
         TaskDetail,

@@ -92,6 +92,11 @@ pub(super) const ROUTES: &[(Method, &str, RouteAccess)] = &[
     ),
     (
         Method::POST,
+        "/api/v1/tasks:batch",
+        RouteAccess::Role(Role::Developer),
+    ),
+    (
+        Method::POST,
         "/api/v1/tasks/{id}/cancel",
         RouteAccess::Role(Role::Developer),
     ),
@@ -286,6 +291,11 @@ mod tests {
         assert_eq!(
             required_access(&Method::POST, "/api/v1/tasks"),
             RouteAccess::Role(Role::Developer)
+        );
+        assert_eq!(
+            required_access(&Method::POST, "/api/v1/tasks:batch"),
+            required_access(&Method::POST, "/api/v1/tasks"),
+            "a batch needs what one submit needs"
         );
         assert_eq!(
             required_access(&Method::HEAD, "/api/v1/tasks"),

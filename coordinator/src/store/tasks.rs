@@ -7,7 +7,7 @@ use std::str::FromStr;
 use starling_proto::{Digest, Runtime};
 
 use super::{
-    corrupt, from_db, to_db, with_pool, Backend, Store, StoreError, TaskRow, TASK_COLUMNS,
+    TASK_COLUMNS,
 };
 use crate::live::task_change;
 use crate::task::{TaskDemand, TaskKind, TaskLimits, TaskStatus};
@@ -127,6 +127,55 @@ pub struct InFlightAttempt {
     pub wall_ms: u64,
 }
 
+/// Inserts one new task; a task forwarded from the same origin twice is
+/// inserted once (`$13`, `$14`: the origin site and task, NULL for a task
+/// submitted here, which never conflict).
+const INSERT_TASK: &str =
+    "INSERT INTO tasks (id, artifact, runtime, input, args, class, demand, limits, \
+     work_seconds, priority, deadline_unix_ms, created_ms, updated_ms, state, attempt, \
+     cancel_requested, origin_site, origin_task) \
+     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $12, 'pending', 0, 0, $13, $14) \
+     ON CONFLICT (origin_site, origin_task) DO NOTHING";
+
+/// The JSON columns of a new task's row.
+struct TaskJson {
+    args: String,
+    demand: String,
+    limits: String,
+}
+
+impl TaskJson {
+    fn of(task: &NewTask) -> Result<TaskJson, StoreError> {
+        Ok(TaskJson {
+            args: serde_json::to_string(&task.args).map_err(|e| corrupt("tasks.args", e))?,
+            demand: serde_json::to_string(&task.demand).map_err(|e| corrupt("tasks.demand", e))?,
+            limits: serde_json::to_string(&task.limits).map_err(|e| corrupt("tasks.limits", e))?,
+        })
+    }
+}
+
+/// Binds [`INSERT_TASK`]'s parameters: written once, expanded inside each
+/// backend's arm of `with_pool!` (the query types differ by backend).
+macro_rules! bind_new_task {
+    ($query:expr, $task:expr, $json:expr, $origin:expr) => {
+        $query
+            .bind(&$task.id)
+            .bind($task.artifact.to_hex())
+            .bind($task.runtime.as_str())
+            .bind(&$task.input)
+            .bind(&$json.args)
+            .bind($task.class.as_str())
+            .bind(&$json.demand)
+            .bind(&$json.limits)
+            .bind($task.work_seconds)
+            .bind(i64::from($task.priority))
+            .bind($task.deadline_unix_ms.map(to_db))
+            .bind(to_db($task.created_ms))
+            .bind($origin.map(|(site, _)| site))
+            .bind($origin.map(|(_, id)| id))
+    };
+}
+
 impl Store {
     /// Stores a new task in state `pending`.
     pub async fn insert_task(&self, task: &NewTask) -> Result<(), StoreError> {
@@ -141,29 +190,8 @@ impl Store {
         task: &NewTask,
         origin: Option<(&str, &str)>,
     ) -> Result<bool, StoreError> {
-        let sql = "INSERT INTO tasks (id, artifact, runtime, input, args, class, demand, limits, \
-                   work_seconds, priority, deadline_unix_ms, created_ms, updated_ms, state, attempt, \
-                   cancel_requested, origin_site, origin_task) \
-                   VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $12, 'pending', 0, 0, $13, $14) \
-                   ON CONFLICT (origin_site, origin_task) DO NOTHING";
-        let args = serde_json::to_string(&task.args).map_err(|e| corrupt("tasks.args", e))?;
-        let demand = serde_json::to_string(&task.demand).map_err(|e| corrupt("tasks.demand", e))?;
-        let limits = serde_json::to_string(&task.limits).map_err(|e| corrupt("tasks.limits", e))?;
-        let inserted = with_pool!(self, pool => sqlx::query(sql)
-            .bind(&task.id)
-            .bind(task.artifact.to_hex())
-            .bind(task.runtime.as_str())
-            .bind(&task.input)
-            .bind(&args)
-            .bind(task.class.as_str())
-            .bind(&demand)
-            .bind(&limits)
-            .bind(task.work_seconds)
-            .bind(i64::from(task.priority))
-            .bind(task.deadline_unix_ms.map(to_db))
-            .bind(to_db(task.created_ms))
-            .bind(origin.map(|(site, _)| site))
-            .bind(origin.map(|(_, id)| id))
+        let json = TaskJson::of(task)?;
+        let inserted = with_pool!(self, pool => bind_new_task!(sqlx::query(INSERT_TASK), task, json, origin)
             .execute(pool)
             .await
             .map(|done| done.rows_affected()))?;
@@ -177,6 +205,36 @@ impl Store {
             ));
         }
         Ok(inserted == 1)
+    }
+
+    /// Stores new tasks in state `pending` in one transaction (one commit,
+    /// one fsync on SQLite): all of them or, on an error, none. Each is
+    /// announced on the live feed after the commit, in the given order.
+    pub async fn insert_tasks(&self, tasks: &[NewTask]) -> Result<(), StoreError> {
+        let json = tasks
+            .iter()
+            .map(TaskJson::of)
+            .collect::<Result<Vec<_>, _>>()?;
+        let origin: Option<(&str, &str)> = None;
+        with_pool!(self, pool => {
+            let mut tx = pool.begin().await?;
+            for (task, json) in tasks.iter().zip(&json) {
+                bind_new_task!(sqlx::query(INSERT_TASK), task, json, origin)
+                    .execute(&mut *tx)
+                    .await?;
+            }
+            tx.commit().await
+        })?;
+        for task in tasks {
+            self.announce(task_change(
+                &task.id,
+                TaskStatus::Pending,
+                0,
+                None,
+                task.created_ms,
+            ));
+        }
+        Ok(())
     }
 
     /// One task, if it exists.
@@ -281,8 +339,7 @@ impl Store {
             "UPDATE tasks SET state = 'assigned', attempt = $2, node_id = $3, power_level = $4, \
                       explanation = $5, updated_ms = $6 \
                       WHERE id = $1 AND state = 'pending' AND attempt = $7";
-        let insert = "INSERT INTO attempts (task_id, attempt, node_id, power_level, assigned_ms, state, explanation) \
-                      VALUES ($1, $2, $3, $4, $5, 'assigned', $6)";
+                      VALUES ($1, $2, $3, $4, $5, 'assigned', $6, $7)";
         // Due at once and never sent: the scheduler claims the first send right
         // after the commit, and if the process dies before it does, the resend
         // loop of the next start sends it.
@@ -290,6 +347,9 @@ impl Store {
                       VALUES ($1, $2, $3, $4, 0)";
         let assigned = with_pool!(self, pool => {
             let mut tx = pool.begin().await?;
+                if held.rows_affected() != 1 {
+                }
+            }
             let updated = sqlx::query(update)
                 .bind(task_id)
                 .bind(i64::from(attempt))
@@ -379,6 +439,9 @@ impl Store {
         let clear_outbox = "DELETE FROM outbox WHERE task_id = $1";
         let lost = with_pool!(self, pool => {
             let mut tx = pool.begin().await?;
+                if held.rows_affected() != 1 {
+                }
+            }
             sqlx::query(mark_attempts).bind(node_id).bind(to_db(now_ms)).execute(&mut *tx).await?;
             let rows: Vec<(String, i64, i64)> =
                 sqlx::query_as(select).bind(node_id).fetch_all(&mut *tx).await?;
@@ -485,6 +548,9 @@ impl Store {
         let clear_outbox = "DELETE FROM outbox WHERE task_id = $1";
         let ended = with_pool!(self, pool => {
             let mut tx = pool.begin().await?;
+                if held.rows_affected() != 1 {
+                }
+            }
             let row: Option<(i64,)> = sqlx::query_as(select)
                 .bind(task_id)
                 .bind(i64::from(attempt))

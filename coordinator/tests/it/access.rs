@@ -233,6 +233,9 @@ async fn every_endpoint_checks_its_role_and_a_refusal_changes_nothing() {
     let mut submit = call(Method::POST, "/api/v1/tasks", Role::Developer);
     submit.json = Some(json!({"artifact": digest}));
     calls.push(submit);
+    let mut batch = call(Method::POST, "/api/v1/tasks:batch", Role::Developer);
+    batch.json = Some(json!({"tasks": [{"artifact": digest}, {"artifact": digest}]}));
+    calls.push(batch);
     let mut join_call = call(Method::POST, "/api/v1/join-tokens", Role::Operator);
     join_call.json = Some(json!({}));
     calls.push(join_call);

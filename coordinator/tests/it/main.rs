@@ -4,6 +4,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
 
 mod access;
+mod batch;
 mod binaries;
 mod common;
 mod delivery;

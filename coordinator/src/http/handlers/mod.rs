@@ -4,6 +4,7 @@
 
 pub(super) mod access;
 pub(super) mod artifacts;
+pub(super) mod batch;
 pub(super) mod events;
 pub(super) mod federation;
 pub(super) mod metrics;

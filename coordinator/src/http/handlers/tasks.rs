@@ -1,5 +1,7 @@
 //! Submitting, listing, reading and cancelling tasks.
 
+use std::collections::hash_map::Entry;
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use axum::extract::rejection::JsonRejection;
@@ -16,7 +18,7 @@ use starling_proto::limits::{
     ARG_LEN, MAX_ARGS, MAX_INLINE_INPUT_BYTES, MAX_INLINE_OUTPUT_BYTES, MAX_TASK_MEMORY_BYTES,
     MAX_TASK_OUTPUT_BYTES, MAX_TASK_WALL_MS,
 };
-use starling_proto::Runtime;
+use starling_proto::{Digest, Runtime};
 
 use super::artifacts::parse_digest;
 use super::events::{parse_wait, wait_for_end};
@@ -221,23 +223,59 @@ pub(crate) async fn submit_task(
             ),
         )
     })?;
+    let task = prepare_task(&shared, submission, &mut KnownArtifacts::default()).await?;
+    shared.store.insert_task(&task).await?;
+    shared.wake_scheduler.notify_one();
+    let detail = task_detail(&shared, &task.id).await?;
+    Ok((StatusCode::CREATED, Json(detail)))
+}
+
+/// What submitting needs of each artifact a submission names, looked up
+/// once per request however many tasks name it: its runtime and, for an
+/// OpenCL package, its bytes (the kernel's spec).
+#[derive(Default)]
+pub(crate) struct KnownArtifacts {
+    artifacts: HashMap<Digest, (Runtime, Option<Vec<u8>>)>,
+}
+
+/// Checks one submission against the limits, its artifact and, for an
+/// OpenCL task, its kernel's spec, and makes the task to store (a fresh id,
+/// submitted now). Stores nothing.
+pub(crate) async fn prepare_task(
+    shared: &Shared,
+    submission: SubmitTask,
+    known: &mut KnownArtifacts,
+) -> Result<NewTask, HttpError> {
     let artifact = parse_digest(&submission.artifact)?;
-    let Some((_, runtime)) = shared.store.artifact_info(&artifact).await? else {
-        return Err(HttpError::new(ErrorCode::ArtifactNotFound,
-            format!("no artifact {artifact}; upload the module first with POST /api/v1/artifacts (starling publish FILE.wasm)"),
-        ));
+    let (runtime, package) = match known.artifacts.entry(artifact) {
+        Entry::Occupied(entry) => entry.into_mut(),
+        Entry::Vacant(entry) => {
+            let Some((_, runtime)) = shared.store.artifact_info(&artifact).await? else {
+                return Err(HttpError::new(ErrorCode::ArtifactNotFound,
+                    format!("no artifact {artifact}; upload the module first with POST /api/v1/artifacts (starling publish FILE.wasm)"),
+                ));
+            };
+            let package = if runtime == Runtime::Opencl {
+                Some(shared.store.artifact(&artifact).await?.ok_or_else(|| {
+                    HttpError::new(
+                        ErrorCode::ArtifactNotFound,
+                        format!(
+                            "artifact {artifact} disappeared while submitting; upload it again"
+                        ),
+                    )
+                })?)
+            } else {
+                None
+            };
+            entry.insert((runtime, package))
+        }
     };
+    let runtime = *runtime;
     let (input, work_seconds) = check_submission(&submission)?;
     let mut class = submission.class;
     let mut demand = submission.demand;
-    if runtime == Runtime::Opencl {
-        let bytes = shared.store.artifact(&artifact).await?.ok_or_else(|| {
-            HttpError::new(
-                ErrorCode::ArtifactNotFound,
-                format!("artifact {artifact} disappeared while submitting; upload it again"),
-            )
-        })?;
-        let launch = check_kernel_submission(&bytes, &submission, input.len())?;
+    if let Some(bytes) = package {
+        let launch = check_kernel_submission(bytes, &submission, input.len())?;
         // An OpenCL task always runs on a device, whatever class was declared,
         // and needs one of the wanted type with room for its buffers.
         class = TaskKind::Gpu;
@@ -247,7 +285,7 @@ pub(crate) async fn submit_task(
         demand.fp64 = launch.fp64;
     }
     let now_ms = unix_now_ms();
-    let task = NewTask {
+    Ok(NewTask {
         id: uuid::Uuid::now_v7().to_string(),
         artifact,
         runtime,
@@ -263,11 +301,7 @@ pub(crate) async fn submit_task(
         priority: submission.priority,
         deadline_unix_ms: submission.deadline_ms.map(|ms| now_ms.saturating_add(ms)),
         created_ms: now_ms,
-    };
-    shared.store.insert_task(&task).await?;
-    shared.wake_scheduler.notify_one();
-    let detail = task_detail(&shared, &task.id).await?;
-    Ok((StatusCode::CREATED, Json(detail)))
+    })
 }
 
 pub(crate) fn task_summary(record: TaskRecord) -> TaskSummary {

@@ -1,0 +1,100 @@
+//! Submitting many tasks in one request (`POST /api/v1/tasks:batch`): every
+//! item is checked as `POST /api/v1/tasks` checks one, then all are stored in
+//! one transaction, or none is.
+
+use std::sync::Arc;
+
+use axum::extract::rejection::JsonRejection;
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::Json;
+use starling_api::{
+    batch_item_message, ApiError, BatchSubmitted, ErrorCode, SubmitBatch, TaskStatus, TaskSummary,
+    MAX_BATCH_TASKS,
+};
+
+use super::tasks::{prepare_task, KnownArtifacts};
+use crate::http::error::HttpError;
+use crate::http::json_body;
+use crate::store::NewTask;
+use crate::Shared;
+
+/// The largest body of a batch: room for [`MAX_BATCH_TASKS`] tasks with
+/// small inline inputs (about 8 KiB each), four times the single submit's
+/// limit. A batch of large inputs has to be split into smaller batches.
+pub(crate) const MAX_BATCH_BODY_BYTES: usize = 8 * 1024 * 1024;
+
+/// Submits up to 1000 tasks at once. Every item is checked first, as
+/// `POST /api/v1/tasks` checks one; if any is refused, nothing is created
+/// and the refusal is that item's, its message starting `tasks[INDEX]: `
+/// (from 0). Otherwise all are stored in one transaction and the answer
+/// lists them in the order given.
+#[utoipa::path(
+    post,
+    path = "/api/v1/tasks:batch",
+    request_body = SubmitBatch,
+    security((), ("bearer" = [])),
+    responses(
+        (status = 201, description = "All accepted, in the order given; each task is pending", body = BatchSubmitted),
+        (status = 400, description = "An empty batch (`empty_batch`), or an invalid item (its code; the message starts `tasks[INDEX]: `); nothing was created", body = ApiError),
+        (status = 401, description = "Missing or wrong API token", body = ApiError),
+        (status = 403, description = "The token's role cannot submit (developer needed)", body = ApiError),
+        (status = 404, description = "An item names an unknown artifact (`tasks[INDEX]: `); nothing was created", body = ApiError),
+        (status = 413, description = "More than 1000 tasks (`batch_too_large`), a body over 8 MiB, or an item's input too large; nothing was created", body = ApiError),
+        (status = 415, description = "The body is not sent as application/json", body = ApiError),
+        (status = 422, description = "The JSON does not describe a batch of tasks", body = ApiError)
+    )
+)]
+pub(crate) async fn submit_batch(
+    State(shared): State<Arc<Shared>>,
+    body: Result<Json<SubmitBatch>, JsonRejection>,
+) -> Result<(StatusCode, Json<BatchSubmitted>), HttpError> {
+    let batch = json_body(body, "SubmitBatch")?;
+    if batch.tasks.is_empty() {
+        return Err(HttpError::new(
+            ErrorCode::EmptyBatch,
+            "the batch has no tasks; give at least one in \"tasks\"",
+        ));
+    }
+    if batch.tasks.len() > MAX_BATCH_TASKS {
+        return Err(HttpError::new(
+            ErrorCode::BatchTooLarge,
+            format!(
+                "the batch has {} tasks; one request takes at most {MAX_BATCH_TASKS}: split it",
+                batch.tasks.len()
+            ),
+        ));
+    }
+    let mut known = KnownArtifacts::default();
+    let mut tasks = Vec::with_capacity(batch.tasks.len());
+    for (index, submission) in batch.tasks.into_iter().enumerate() {
+        let task = prepare_task(&shared, submission, &mut known)
+            .await
+            .map_err(|error| error.map_message(|message| batch_item_message(index, message)))?;
+        tasks.push(task);
+    }
+    shared.store.insert_tasks(&tasks).await?;
+    shared.wake_scheduler.notify_one();
+    Ok((
+        StatusCode::CREATED,
+        Json(BatchSubmitted {
+            tasks: tasks.iter().map(created_summary).collect(),
+        }),
+    ))
+}
+
+/// A task just stored, as the task list shows it.
+fn created_summary(task: &NewTask) -> TaskSummary {
+    TaskSummary {
+        id: task.id.clone(),
+        state: TaskStatus::Pending,
+        artifact: task.artifact.to_hex(),
+        node_id: None,
+        attempt: 0,
+        priority: task.priority,
+        created_ms: task.created_ms,
+        updated_ms: task.created_ms,
+        reason: None,
+        site: None,
+    }
+}
