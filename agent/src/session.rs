@@ -111,6 +111,10 @@ pub struct Session {
     /// clock). An assignment issued before then is refused, since nothing
     /// remembers whether it already ran.
     issued_floor_ms: Option<u64>,
+    /// The highest leader term among the authentic assignments seen (and
+    /// those the journal remembers): one from a lower term was sent by a
+    /// coordinator replica that has since been deposed, and is refused.
+    newest_epoch: u64,
 }
 
 impl std::fmt::Debug for Session {
@@ -138,6 +142,7 @@ impl Session {
             attempts: HashMap::new(),
             runtimes: vec![Runtime::Wasm],
             issued_floor_ms: None,
+            newest_epoch: 0,
         }
     }
 
@@ -172,6 +177,9 @@ impl Session {
             last_event,
         } in attempts
         {
+            if let Some(epoch) = assignment.as_ref().and_then(|a| a.leader_epoch) {
+                self.newest_epoch = self.newest_epoch.max(epoch);
+            }
             let key = (last_event.task_id.clone(), last_event.attempt);
             let cancel = Arc::new(AtomicBool::new(false));
             let terminal = last_event.state.is_terminal();
@@ -345,6 +353,21 @@ impl Session {
                 "refused: {refusal}"
             )));
             return Ok(vec![Action::Publish(self.event_message(&event)?)]);
+        }
+        if let Some(epoch) = assignment.leader_epoch {
+            if epoch < self.newest_epoch {
+                tracing::warn!(task = %key.0, attempt = key.1, epoch, newest = self.newest_epoch,
+                    "assignment from a deposed coordinator leader refused");
+                let mut event =
+                    TaskEvent::state(key.0, key.1, self.node_id.clone(), TaskState::Rejected);
+                event.message = Some(starling_proto::task::truncate(&format!(
+                    "refused: sent by a deposed coordinator leader (term {epoch}; this node has \
+                     seen term {})",
+                    self.newest_epoch
+                )));
+                return Ok(vec![Action::Publish(self.event_message(&event)?)]);
+            }
+            self.newest_epoch = epoch;
         }
         if let Some(floor) = self
             .issued_floor_ms
@@ -578,6 +601,7 @@ mod tests {
             grants: Grants::default(),
             publisher: None,
             precompiled: None,
+            leader_epoch: None,
             issued_unix_ms: NOW,
             expires_unix_ms: NOW + 60_000,
             signature: Vec::new(),
@@ -883,6 +907,81 @@ mod tests {
         assert_eq!(online.topic, "starling/v1/nodes/n1/status");
         let status: Status = starling_proto::decode(&online.payload).unwrap();
         assert_eq!(status.state, NodeState::Online);
+    }
+
+    #[test]
+    fn an_assignment_from_a_deposed_leader_is_refused() {
+        let mut s = session();
+        let topic = s.subscriptions()[0].0.clone();
+        let from = |task: &str, epoch: Option<u64>| {
+            let mut a = assignment(task, 1);
+            a.leader_epoch = epoch;
+            sign(&mut a);
+            a
+        };
+        let actions = s
+            .on_publish(&topic, &encoded(&from("t1", Some(4))), NOW)
+            .unwrap();
+        assert!(matches!(actions[0], Action::Accept { .. }), "{actions:?}");
+        // A newer leader's assignment raises the floor…
+        let actions = s
+            .on_publish(&topic, &encoded(&from("t2", Some(5))), NOW)
+            .unwrap();
+        assert!(matches!(actions[0], Action::Accept { .. }), "{actions:?}");
+        // …and the deposed leader's, arriving later, is refused and forgotten.
+        let actions = s
+            .on_publish(&topic, &encoded(&from("t3", Some(4))), NOW)
+            .unwrap();
+        let event = published_event(&actions[0]);
+        assert_eq!(event.state, TaskState::Rejected);
+        assert!(event.message.unwrap().contains("deposed"), "names why");
+        assert!(!s.knows(&TaskId::new("t3").unwrap(), 1), "leaves no trace");
+        // The new leader's copy of the same attempt then runs.
+        let actions = s
+            .on_publish(&topic, &encoded(&from("t3", Some(5))), NOW)
+            .unwrap();
+        assert!(matches!(actions[0], Action::Accept { .. }), "{actions:?}");
+        // A forged term cannot raise the floor: it fails the signature first.
+        let mut forged = from("t4", Some(5));
+        forged.leader_epoch = Some(u64::MAX);
+        let actions = s.on_publish(&topic, &encoded(&forged), NOW).unwrap();
+        assert_eq!(published_event(&actions[0]).state, TaskState::Rejected);
+        let actions = s
+            .on_publish(&topic, &encoded(&from("t5", Some(5))), NOW)
+            .unwrap();
+        assert!(matches!(actions[0], Action::Accept { .. }), "{actions:?}");
+        // A coordinator without replicas (no term) is unaffected.
+        let actions = s
+            .on_publish(&topic, &encoded(&from("t6", None)), NOW)
+            .unwrap();
+        assert!(matches!(actions[0], Action::Accept { .. }), "{actions:?}");
+    }
+
+    #[test]
+    fn the_journal_remembers_the_newest_leader_term() {
+        let mut s = session();
+        let mut old = assignment("t1", 1);
+        old.leader_epoch = Some(9);
+        sign(&mut old);
+        let last_event = TaskEvent::state(
+            old.task_id.clone(),
+            1,
+            s.node_id().clone(),
+            TaskState::Succeeded,
+        );
+        s.restore(
+            vec![JournaledAttempt {
+                assignment: Some(old),
+                last_event,
+            }],
+            NOW,
+        );
+        let topic = s.subscriptions()[0].0.clone();
+        let mut stale = assignment("t2", 1);
+        stale.leader_epoch = Some(8);
+        sign(&mut stale);
+        let actions = s.on_publish(&topic, &encoded(&stale), NOW).unwrap();
+        assert_eq!(published_event(&actions[0]).state, TaskState::Rejected);
     }
 
     #[test]

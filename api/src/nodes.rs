@@ -18,6 +18,20 @@ pub struct Health {
     pub nodes: usize,
     /// Nodes online.
     pub nodes_online: usize,
+    /// Whether this coordinator schedules for its site: always for a single
+    /// coordinator, only while it holds the site's lease for one of several
+    /// replicas on PostgreSQL.
+    #[serde(default = "leads_by_default")]
+    pub leader: bool,
+    /// The leading replica's term (its lease's epoch); absent for a single
+    /// coordinator and for a replica that does not lead.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub leader_term: Option<u64>,
+}
+
+/// A coordinator from before replicas always led.
+fn leads_by_default() -> bool {
+    true
 }
 
 /// One node, in a list.

@@ -157,7 +157,31 @@ pub struct MqttAccess {
     /// Each enrolled node's report key, by node id; a node enrolled before
     /// reports were signed has none.
     report_keys: RwLock<std::collections::HashMap<String, [u8; 32]>>,
+    /// When each node this process did not know was last looked up in the
+    /// store, and how many lookups the current second has had.
+    lookups: std::sync::Mutex<Lookups>,
 }
+
+/// The budget of store lookups for nodes a process has not cached.
+#[derive(Debug, Default)]
+struct Lookups {
+    /// Node id → when it was last looked up (Unix ms).
+    last: std::collections::HashMap<String, u64>,
+    /// The second (Unix ms / 1000) `in_second` counts.
+    second: u64,
+    in_second: u32,
+}
+
+/// At most one store lookup per unknown node per this long (ms).
+const LOOKUP_EVERY_MS: u64 = 1_000;
+
+/// At most this many lookups of unknown nodes a second, whatever the
+/// number of node ids messages name (a development broker lets anyone
+/// publish under any id).
+const LOOKUPS_PER_SECOND: u32 = 100;
+
+/// Most nodes remembered as looked up; beyond it the memory starts over.
+const LOOKUPS_REMEMBERED: usize = 100_000;
 
 impl MqttAccess {
     /// Access for a coordinator whose own connection uses `internal_user`.
@@ -166,6 +190,7 @@ impl MqttAccess {
             internal_user: internal_user.to_string(),
             revoked: RwLock::new(std::collections::HashSet::new()),
             report_keys: RwLock::new(std::collections::HashMap::new()),
+            lookups: std::sync::Mutex::new(Lookups::default()),
         }
     }
 
@@ -189,6 +214,70 @@ impl MqttAccess {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .get(node_id)
             .copied()
+    }
+
+    /// Whether the cache has `node_id`: with a report key, or revoked.
+    pub fn knows(&self, node_id: &str) -> bool {
+        self.report_key(node_id).is_some() || self.is_revoked(node_id)
+    }
+
+    /// Adds or replaces one node's cached credentials.
+    pub fn learn(&self, row: &NodeCredentialRow) {
+        let mut revoked = self
+            .revoked
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if row.revoked_ms.is_some() {
+            revoked.insert(row.node_id.clone());
+        } else {
+            revoked.remove(&row.node_id);
+        }
+        let mut keys = self
+            .report_keys
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        match row.report_key.as_deref() {
+            // As in `replace`: an unusable key verifies nothing.
+            Some(key) => {
+                keys.insert(
+                    row.node_id.clone(),
+                    parse_report_key(key).unwrap_or([0; 32]),
+                );
+            }
+            None => {
+                keys.remove(&row.node_id);
+            }
+        }
+    }
+
+    /// Whether `node_id`, not cached, may be looked up in the store at
+    /// `now_ms` (once a second per node, [`LOOKUPS_PER_SECOND`] in all).
+    fn may_look_up(&self, node_id: &str, now_ms: u64) -> bool {
+        let mut lookups = self
+            .lookups
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if lookups
+            .last
+            .get(node_id)
+            .is_some_and(|at| now_ms.saturating_sub(*at) < LOOKUP_EVERY_MS)
+        {
+            return false;
+        }
+        let second = now_ms / 1000;
+        if lookups.second != second {
+            lookups.second = second;
+            lookups.in_second = 0;
+        }
+        if lookups.in_second >= LOOKUPS_PER_SECOND {
+            return false;
+        }
+        lookups.in_second += 1;
+        if lookups.last.len() >= LOOKUPS_REMEMBERED {
+            lookups.last.clear();
+        }
+        lookups.last.insert(node_id.to_owned(), now_ms);
+        true
     }
 
     /// Replaces the cached credentials with the store's.
@@ -489,6 +578,25 @@ pub(crate) async fn refresh(
     mqtt.replace(&rows);
     if let Some(files) = mosquitto {
         files.write(&rows)?;
+    }
+    Ok(())
+}
+
+/// Learns from the store the credentials of `node_id`, which this process
+/// has not cached: a node enrolled through another replica of the site (or
+/// revoked there). Bounded by [`MqttAccess`]'s lookup budget, so messages
+/// naming nodes that never enrolled cost the database little.
+pub(crate) async fn learn_node(
+    store: &Store,
+    mqtt: &MqttAccess,
+    node_id: &str,
+    now_ms: u64,
+) -> Result<(), AccessError> {
+    if mqtt.knows(node_id) || !mqtt.may_look_up(node_id, now_ms) {
+        return Ok(());
+    }
+    if let Some(row) = store.node_credential(node_id).await? {
+        mqtt.learn(&row);
     }
     Ok(())
 }

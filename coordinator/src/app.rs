@@ -430,6 +430,15 @@ pub async fn start(config: CoordinatorConfig) -> Result<Running, StartError> {
     let store = Store::open(&config.database_url())
         .await?
         .with_feed(feed.clone());
+    // On PostgreSQL several replicas may serve one site: each one serves
+    // REST and ingests, and the one holding the site's lease also
+    // schedules and keeps house. SQLite has one coordinator, always leading.
+    let leadership = if store.is_shared() {
+        crate::leader::Leadership::replica()
+    } else {
+        crate::leader::Leadership::single()
+    };
+    let store = store.with_leadership(leadership.clone());
     let signer =
         match signing::Signer::load(&store, config.assignment_ttl, task::unix_now_ms()).await {
             Ok(signer) => signer,
@@ -583,14 +592,29 @@ pub async fn start(config: CoordinatorConfig) -> Result<Running, StartError> {
     let (messages_tx, messages_rx) = tokio::sync::mpsc::channel(1024);
 
     let ingest = shared.ingest();
-    let mut tasks = vec![
+    let mut tasks = Vec::new();
+    if leadership.is_replica() {
+        let holder = format!("{rest_addr}-{}", uuid::Uuid::now_v7().simple());
+        tracing::info!(%holder, lease = ?config.leader_lease, "a replica on a shared database: this one schedules while it holds the site's lease");
+        tasks.push(tokio::spawn(loops::lease::run(
+            loops::lease::Lease {
+                store: shared.store.clone(),
+                leadership,
+                holder,
+                ttl: config.leader_lease,
+                wake_scheduler: shared.wake_scheduler.clone(),
+            },
+            stop_rx.clone(),
+        )));
+    }
+    tasks.extend([
         tokio::spawn(mqtt::ingest::run_mqtt_loop(
             eventloop,
             ingest.clone(),
             messages_tx,
             stop_rx.clone(),
         )),
-        tokio::spawn(mqtt::ingest::run_message_handler(
+        tokio::spawn(mqtt::handler::run_message_handler(
             ingest.clone(),
             messages_rx,
         )),
@@ -638,7 +662,7 @@ pub async fn start(config: CoordinatorConfig) -> Result<Running, StartError> {
             },
             stop_rx.clone(),
         )),
-    ];
+    ]);
     if let Some(federation) = federation {
         tasks.extend(federation::spawn(
             federation::DigestSource {

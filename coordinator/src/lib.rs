@@ -21,6 +21,7 @@ pub mod config;
 pub mod domain;
 pub mod federation;
 pub mod http;
+pub mod leader;
 pub mod live;
 pub mod loops;
 pub mod models;

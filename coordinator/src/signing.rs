@@ -138,6 +138,7 @@ mod tests {
             grants: Grants::default(),
             publisher: None,
             precompiled: None,
+            leader_epoch: None,
             issued_unix_ms: 0,
             expires_unix_ms: 0,
             signature: Vec::new(),

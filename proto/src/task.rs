@@ -173,6 +173,13 @@ pub struct Assignment {
     /// before this field verifies the signature of every assignment it can run.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub precompiled: Option<PrecompiledModule>,
+    /// The term of the coordinator replica that sent it, when the site runs
+    /// replicas that elect a leader: every new leader's term is higher, and
+    /// an agent refuses an assignment from a lower term than the highest it
+    /// has seen (one sent by a deposed leader). Left out of the encoding
+    /// when absent, as `precompiled` is.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub leader_epoch: Option<u64>,
     /// When the coordinator signed it (Unix ms). Every re-send is signed anew.
     pub issued_unix_ms: u64,
     /// After this (Unix ms) the agent refuses it as expired or replayed.

@@ -171,6 +171,7 @@ fn assignment() -> impl Strategy<Value = Assignment> {
                     digest: artifact,
                     url: hs("http://127.0.0.1:7878/api/v1/artifacts/y"),
                 }),
+                leader_epoch: extra.1.then_some(extra.2 / 3),
                 issued_unix_ms: extra.2 / 2,
                 expires_unix_ms: extra.2,
                 signature: if extra.3 { vec![1; 64] } else { Vec::new() },
@@ -450,6 +451,7 @@ fn oversize_inline_input_is_refused_both_ways() {
         grants: Grants::default(),
         publisher: None,
         precompiled: None,
+        leader_epoch: None,
         issued_unix_ms: 0,
         expires_unix_ms: 0,
         signature: Vec::new(),
@@ -521,6 +523,7 @@ fn signed_assignment() -> Assignment {
         grants: Grants::default(),
         publisher: None,
         precompiled: None,
+        leader_epoch: None,
         issued_unix_ms: 1_000,
         expires_unix_ms: 61_000,
         signature: vec![5; 64],
@@ -548,6 +551,7 @@ fn signed_bytes_ignore_the_signature_and_cover_everything_else() {
                 url: hs("http://x/p"),
             })
         },
+        |a: &mut Assignment| a.leader_epoch = Some(7),
     ] {
         let mut c = a.clone();
         change(&mut c);
@@ -570,6 +574,7 @@ fn precompiled_code_is_absent_from_the_encoding_unless_present() {
         .filter_map(|(key, _)| key.as_text().map(str::to_owned))
         .collect();
     assert!(!keys.iter().any(|k| k == "precompiled"), "{keys:?}");
+    assert!(!keys.iter().any(|k| k == "leader_epoch"), "{keys:?}");
     assert_eq!(keys.len(), 17, "{keys:?}");
     let mut compiled = plain.clone();
     compiled.precompiled = Some(starling_proto::PrecompiledModule {
@@ -582,6 +587,10 @@ fn precompiled_code_is_absent_from_the_encoding_unless_present() {
         decoded.signed_bytes().unwrap(),
         compiled.signed_bytes().unwrap()
     );
+    let mut from_a_leader = plain.clone();
+    from_a_leader.leader_epoch = Some(3);
+    let decoded: Assignment = decode(&encode(&from_a_leader).unwrap()).unwrap();
+    assert_eq!(decoded, from_a_leader);
 }
 
 #[test]

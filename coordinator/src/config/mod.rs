@@ -29,6 +29,10 @@ pub const DEFAULT_ASSIGNMENT_TTL: Duration = Duration::from_secs(60);
 /// The first wait before an unacknowledged assignment is sent again; it
 /// doubles with each send up to 60 s.
 pub const DEFAULT_RESEND_INTERVAL: Duration = Duration::from_secs(5);
+/// How long the leading replica's lease lasts without renewal: another
+/// replica places work within about 1.25 of it after the leader dies (the
+/// lease runs out, then the next try takes it).
+pub const DEFAULT_LEADER_LEASE: Duration = Duration::from_millis(1500);
 
 /// Everything `start` needs.
 #[derive(Debug, Clone, PartialEq)]
@@ -73,6 +77,9 @@ pub struct CoordinatorConfig {
     pub assignment_ttl: Duration,
     /// The first wait before an unacknowledged assignment is sent again.
     pub resend_interval: Duration,
+    /// With PostgreSQL: how long the leading replica's lease runs without
+    /// renewal, so how long a site goes without a leader when it dies.
+    pub leader_lease: Duration,
     /// The coordinator's MQTT user name: its own login to an external broker,
     /// and the user the Mosquitto files name; the embedded broker uses an
     /// internal one when unset.
@@ -148,6 +155,7 @@ impl Default for CoordinatorConfig {
             node_timeout: DEFAULT_NODE_TIMEOUT,
             assignment_ttl: DEFAULT_ASSIGNMENT_TTL,
             resend_interval: DEFAULT_RESEND_INTERVAL,
+            leader_lease: DEFAULT_LEADER_LEASE,
             mqtt_username: None,
             mqtt_password: None,
             mqtt_allow_anonymous: false,
@@ -223,6 +231,8 @@ pub struct FileConfig {
     pub assignment_ttl: Option<String>,
     /// `--resend-interval`.
     pub resend_interval: Option<String>,
+    /// `--leader-lease`.
+    pub leader_lease: Option<String>,
     /// `--mqtt-username`.
     pub mqtt_username: Option<String>,
     /// `--mqtt-password`.
@@ -321,6 +331,10 @@ pub struct ServeArgs {
     /// First wait before an unacknowledged assignment is sent again; doubles up to 60s [default: 5s].
     #[arg(long, env = "STARLING_RESEND_INTERVAL", value_name = "DURATION")]
     pub resend_interval: Option<String>,
+    /// With --db postgres://…: how long the leading replica's lease lasts without renewal, so
+    /// how long a site goes without a leader when it dies (renewed four times per lease) [default: 1500ms].
+    #[arg(long, env = "STARLING_LEADER_LEASE", value_name = "DURATION")]
+    pub leader_lease: Option<String>,
     /// The coordinator's own MQTT user name (needed with --broker when the broker requires logins,
     /// and with --mosquitto-auth-dir).
     #[arg(long, env = "STARLING_MQTT_USERNAME", value_name = "USER")]
@@ -600,6 +614,12 @@ impl ServeArgs {
                 &self.resend_interval,
                 &file.resend_interval,
                 defaults.resend_interval,
+            )?,
+            leader_lease: duration(
+                "--leader-lease",
+                &self.leader_lease,
+                &file.leader_lease,
+                defaults.leader_lease,
             )?,
             mqtt_username: pick(&self.mqtt_username, &file.mqtt_username),
             mqtt_password: pick(&self.mqtt_password, &file.mqtt_password),

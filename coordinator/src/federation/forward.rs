@@ -70,6 +70,10 @@ pub(crate) async fn run(
 }
 
 async fn pass(forwarder: &Forwarder, federation: &Federation) -> Result<(), StoreError> {
+    if !forwarder.store.leads() {
+        // The leading replica follows this site's forwards.
+        return Ok(());
+    }
     for forward in forwarder.store.open_forwards(BATCH).await? {
         let Some(record) = forwarder.store.task(&forward.task_id).await? else {
             continue;

@@ -77,6 +77,11 @@ impl Attempts {
         reviewer: &mut Reviewer,
         now_ms: u64,
     ) -> Result<(), StoreError> {
+        if !self.store.leads() {
+            // The leading replica reviews (and starts its own clock on what
+            // it has not seen listed, so taking over ends nothing early).
+            return Ok(());
+        }
         let rows = self.store.in_flight_attempts(MAX_REVIEWED).await?;
         let complete_view = rows.len() < MAX_REVIEWED as usize;
         let in_flight = rows

@@ -119,6 +119,12 @@ impl Liveness {
             in_flight,
         });
         for node in requeue {
+            if !self.store.leads() {
+                // Suspicion keeps this replica's view right; the leader
+                // requeues (its own detector, or the rule for work on nodes
+                // that stay away, covers a node suspected here first).
+                break;
+            }
             let lost = self
                 .store
                 .requeue_node_tasks(&node, self.max_attempts, now_ms)

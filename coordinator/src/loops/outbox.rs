@@ -68,6 +68,10 @@ impl Outbox {
     /// claimed and sent; rows whose task moved on are dropped.
     pub(crate) async fn resend_due(&self) -> Result<usize, StoreError> {
         let store = &self.publisher.store;
+        if !store.leads() {
+            // The leading replica sends.
+            return Ok(0);
+        }
         let now_ms = unix_now_ms();
         let mut sent = 0;
         for entry in store.due_outbox(now_ms, BATCH).await? {

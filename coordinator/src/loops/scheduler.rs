@@ -150,6 +150,10 @@ impl Scheduler {
         policy: &mut dyn Policy,
     ) -> Result<RoundSummary, ScheduleError> {
         let store = &self.views.store;
+        if !store.leads() {
+            // Another replica places this site's work.
+            return Ok(RoundSummary::default());
+        }
         let pending = store.pending_tasks(QUEUE_WINDOW).await?;
         if pending.is_empty() {
             return Ok(RoundSummary::default());

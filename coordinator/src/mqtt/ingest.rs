@@ -25,7 +25,7 @@ pub use super::inbound::IngestError;
 use super::inbound::{parse_inbound, Inbound, Senders};
 use crate::access::MqttAccess;
 use crate::domain::reports::ReportMarks;
-use crate::domain::reports::{ReportRefused, Sender};
+use crate::domain::reports::Sender;
 use crate::mqtt::client::MqttClient;
 use crate::registry::{NodeRegistry, RegistryChange};
 use crate::store::{EventOutcome, Store};
@@ -172,88 +172,6 @@ pub(crate) async fn run_mqtt_loop(
     }
 }
 
-/// How many refused messages are logged per [`LOG_WINDOW`]; the rest are
-/// only counted (on `/metrics`), so a flood of junk cannot fill the disk.
-const LOGGED_PER_WINDOW: u32 = 20;
-/// See [`LOGGED_PER_WINDOW`].
-const LOG_WINDOW: Duration = Duration::from_secs(10);
-
-/// A budget of warning lines per window, and how many were held back.
-struct LogBudget {
-    window_start: tokio::time::Instant,
-    logged: u32,
-    held_back: u64,
-}
-
-impl LogBudget {
-    fn new() -> Self {
-        Self {
-            window_start: tokio::time::Instant::now(),
-            logged: 0,
-            held_back: 0,
-        }
-    }
-
-    /// Whether one more line may be written now; opening a new window first
-    /// says how many lines the last one held back.
-    fn allow(&mut self) -> bool {
-        let now = tokio::time::Instant::now();
-        if now.duration_since(self.window_start) >= LOG_WINDOW {
-            if self.held_back > 0 {
-                tracing::warn!(
-                    held_back = self.held_back,
-                    window = ?LOG_WINDOW,
-                    "more MQTT messages were ignored than logged; see starling_mqtt_messages_ignored_total"
-                );
-            }
-            self.window_start = now;
-            self.logged = 0;
-            self.held_back = 0;
-        }
-        if self.logged < LOGGED_PER_WINDOW {
-            self.logged += 1;
-            true
-        } else {
-            self.held_back += 1;
-            false
-        }
-    }
-}
-
-/// Handles received messages one at a time, in arrival order.
-pub(crate) async fn run_message_handler(ingest: Ingest, mut messages: mpsc::Receiver<Received>) {
-    let mut budget = LogBudget::new();
-    while let Some(message) = messages.recv().await {
-        let handled =
-            handle_message(&ingest, &message.topic, &message.payload, message.retained).await;
-        match handled {
-            Ok(handled) => {
-                if handled == Handled::Event(EventOutcome::Duplicate) {
-                    Counters::increment(&ingest.counters.duplicate_events);
-                }
-                Counters::increment(&ingest.counters.messages_handled);
-                tracing::debug!(topic = %message.topic, ?handled, "message handled")
-            }
-            Err(error) => {
-                Counters::increment(&ingest.counters.messages_ignored);
-                if let IngestError::Refused(refused) = &error {
-                    let reason = ReportRefused::REASONS
-                        .iter()
-                        .position(|reason| *reason == refused.reason());
-                    if let Some(counter) =
-                        reason.and_then(|i| ingest.counters.reports_refused.get(i))
-                    {
-                        Counters::increment(counter);
-                    }
-                }
-                if budget.allow() {
-                    tracing::warn!(topic = %message.topic, %error, "message ignored");
-                }
-            }
-        }
-    }
-}
-
 /// What the coordinator knows of the nodes that send it reports.
 struct KnownSenders<'a>(&'a Ingest);
 
@@ -316,6 +234,15 @@ pub(crate) async fn handle_message(
     retained: bool,
 ) -> Result<Handled, IngestError> {
     let now_ms = unix_now_ms();
+    // A node enrolled through another replica of the site is not in this
+    // process's cache yet: look it up before deciding who sent this.
+    if let Some((node, _)) = ingest.topics.parse(topic) {
+        if let Err(error) =
+            crate::access::learn_node(&ingest.store, &ingest.access, node.as_str(), now_ms).await
+        {
+            tracing::warn!(%error, node = %node, "cannot look the node's credentials up");
+        }
+    }
     let accepted = parse_inbound(
         &ingest.topics,
         topic,
@@ -346,7 +273,8 @@ pub(crate) async fn handle_message(
     };
     announce(ingest, &change, now_ms);
     match &change {
-        RegistryChange::NodeOffline(id) => {
+        // Every replica hears the last will; the leader requeues.
+        RegistryChange::NodeOffline(id) if ingest.store.leads() => {
             let lost = ingest
                 .store
                 .requeue_node_tasks(id.as_str(), ingest.max_attempts, now_ms)

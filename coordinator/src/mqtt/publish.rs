@@ -79,7 +79,9 @@ impl Publisher {
             return Ok(false);
         };
         let next_ms = now_ms.saturating_add(to_ms(backoff(self.resend_interval, entry.sends)));
-        if !self.store.claim_outbox_send(entry, next_ms).await? {
+        // Only a leader sends; the term it claims under goes to the agent.
+        let term = self.store.fence()?;
+        if !self.store.claim_outbox_send(entry, next_ms, term).await? {
             return Ok(false);
         }
         let precompiled = match self
@@ -115,6 +117,7 @@ impl Publisher {
             .and_then(|mut assignment| {
                 assignment.publisher = publisher;
                 assignment.precompiled = precompiled;
+                assignment.leader_epoch = term;
                 self.signer
                     .sign(&mut assignment, &node, now_ms)
                     .map_err(|e| e.to_string())?;
@@ -211,6 +214,7 @@ pub fn assignment(
         // The outbox adds the artifact's publisher signature when it sends.
         publisher: None,
         precompiled: None,
+        leader_epoch: None,
         node_id: node.clone(),
         issued_unix_ms: 0,
         expires_unix_ms: 0,

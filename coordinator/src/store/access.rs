@@ -256,6 +256,30 @@ impl Store {
         Ok(done == 1)
     }
 
+    /// One node's credentials, revoked or not; `None` when it never enrolled.
+    pub async fn node_credential(
+        &self,
+        node_id: &str,
+    ) -> Result<Option<NodeCredentialRow>, StoreError> {
+        let sql =
+            "SELECT node_id, password_sha256, mosquitto_hash, created_ms, revoked_ms, report_key \
+                   FROM node_credentials WHERE node_id = $1";
+        let row: Option<CredentialRow> =
+            with_pool!(self, pool => sqlx::query_as(sql).bind(node_id).fetch_optional(pool).await)?;
+        Ok(row.map(
+            |(node_id, password_sha256, mosquitto_hash, created_ms, revoked_ms, report_key)| {
+                NodeCredentialRow {
+                    node_id,
+                    password_sha256,
+                    mosquitto_hash,
+                    created_ms: from_db(created_ms),
+                    revoked_ms: revoked_ms.map(from_db),
+                    report_key,
+                }
+            },
+        ))
+    }
+
     /// Every node's credentials, revoked ones included, by node id.
     pub async fn node_credentials(&self) -> Result<Vec<NodeCredentialRow>, StoreError> {
         let sql =

@@ -5,7 +5,7 @@
 use std::str::FromStr;
 
 use crate::store::{
-    corrupt, from_db, to_db, with_pool, Backend, NewTask, Store, StoreError, TaskRecord,
+    corrupt, from_db, to_db, with_pool, Backend, NewTask, Store, StoreError, TaskRecord, FENCE_SQL,
 };
 use crate::task::TaskStatus;
 use starling_api::TaskChange;
@@ -82,8 +82,15 @@ impl Store {
                            VALUES ($1, $2, NULL, $3, 0, $4, 'assigned', $5)";
         let forward = "INSERT INTO forwards (task_id, attempt, site, api_url, state, created_ms, answered_ms) \
                        VALUES ($1, $2, $3, $4, 'sending', $5, $5)";
+        let fence = self.fence()?;
         let forwarded = with_pool!(self, pool => {
             let mut tx = pool.begin().await?;
+            if let Some(term) = fence {
+                let held = sqlx::query(FENCE_SQL).bind(to_db(term)).execute(&mut *tx).await?;
+                if held.rows_affected() != 1 {
+                    return Err(StoreError::Deposed);
+                }
+            }
             let updated = sqlx::query(update)
                 .bind(task_id)
                 .bind(i64::from(attempt))
@@ -299,8 +306,15 @@ impl Store {
         let cancel = "UPDATE tasks SET state = 'cancelled', updated_ms = $2 WHERE id = $1";
         let give_up = "UPDATE tasks SET state = 'failed', failure_reason = 'node_lost', failure_message = $3, \
                        updated_ms = $2 WHERE id = $1";
+        let fence = self.fence()?;
         let outcome = with_pool!(self, pool => {
             let mut tx = pool.begin().await?;
+            if let Some(term) = fence {
+                let held = sqlx::query(FENCE_SQL).bind(to_db(term)).execute(&mut *tx).await?;
+                if held.rows_affected() != 1 {
+                    return Err(StoreError::Deposed);
+                }
+            }
             let abandoned = sqlx::query(abandon).bind(task_id).bind(i64::from(attempt)).bind(reason)
                 .bind(to_db(now_ms)).execute(&mut *tx).await?.rows_affected();
             if abandoned != 1 {

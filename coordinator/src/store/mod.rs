@@ -18,7 +18,7 @@
 use std::str::FromStr;
 use std::time::Duration;
 
-use sqlx::postgres::{PgPool, PgPoolOptions};
+use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions};
 use sqlx::Connection as _;
 use starling_proto::{Digest, Runtime};
@@ -30,17 +30,25 @@ mod artifacts;
 mod events;
 pub mod forwards;
 mod keys;
+mod lease;
 mod outbox;
 mod precompiled;
 mod tasks;
 
 pub use events::{failure_reason_name, AttemptRecord, EventOutcome, EventRecord};
+pub use lease::LeaderTerm;
+pub(crate) use lease::FENCE_SQL;
 pub use outbox::OutboxEntry;
 pub use precompiled::PrecompiledKey;
 pub use tasks::{CancelOutcome, InFlightAttempt, LostTask, NewTask, TaskRecord};
 
 /// The migrations, shared by both backends.
 static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations");
+
+/// How long (ms) PostgreSQL lets one of our transactions sit idle before it
+/// ends it: a paused replica's open transaction then stops blocking the
+/// replica taking over its lease.
+const IDLE_IN_TRANSACTION_TIMEOUT_MS: &str = "3000";
 
 /// How long a connection attempt may take before opening the store fails.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
@@ -72,6 +80,9 @@ pub struct Store {
     /// Where every task state change is announced once committed, so no
     /// caller can change a task without watchers hearing of it.
     pub(crate) feed: Option<crate::live::Feed>,
+    /// Whether this coordinator leads its site: the fence of the writes only
+    /// a leader makes (placements, sends, requeues, ended attempts, forwards).
+    pub(crate) leadership: crate::leader::Leadership,
 }
 
 /// Why the store could not be opened.
@@ -109,6 +120,12 @@ pub enum StoreError {
     /// The database refused or failed the query.
     #[error("database error: {0}")]
     Database(#[from] sqlx::Error),
+    /// A leader-only write by a replica that no longer leads its site (its
+    /// term is over, or it never led): nothing was written.
+    #[error(
+        "this coordinator replica does not lead its site (its term is over); the leader does this"
+    )]
+    Deposed,
     /// A row holds a value this build cannot read (a corrupt or newer database).
     #[error("database holds an unreadable value in {column}: {detail}")]
     Corrupt {
@@ -288,10 +305,24 @@ impl Store {
                     source,
                 })?;
             let _ = probe.close().await;
+            // A replica stopped in the middle of a transaction (paused, its
+            // host frozen) would hold the lease row's lock that fences its
+            // writes, and no other replica could take over: the server ends
+            // such a transaction after a while instead. Ours never wait on
+            // anything but the database between statements.
+            let options = PgConnectOptions::from_str(url)
+                .map_err(|source| OpenStoreError::Connect {
+                    url: shown.clone(),
+                    source,
+                })?
+                .options([(
+                    "idle_in_transaction_session_timeout",
+                    IDLE_IN_TRANSACTION_TIMEOUT_MS,
+                )]);
             let pool = PgPoolOptions::new()
                 .max_connections(8)
                 .acquire_timeout(CONNECT_TIMEOUT)
-                .connect(url)
+                .connect_with(options)
                 .await
                 .map_err(|source| OpenStoreError::Connect {
                     url: shown.clone(),
@@ -304,6 +335,7 @@ impl Store {
         let store = Store {
             backend,
             feed: None,
+            leadership: crate::leader::Leadership::single(),
         };
         with_pool!(store, pool => MIGRATOR.run(pool).await).map_err(|source| {
             OpenStoreError::Migrate {
@@ -321,6 +353,16 @@ impl Store {
             feed: Some(feed),
             ..self
         }
+    }
+
+    /// The store fencing leader-only writes with `leadership` (a replica).
+    pub fn with_leadership(self, leadership: crate::leader::Leadership) -> Store {
+        Store { leadership, ..self }
+    }
+
+    /// Whether the store is PostgreSQL, the one several replicas can share.
+    pub fn is_shared(&self) -> bool {
+        matches!(self.backend, Backend::Postgres(_))
     }
 
     /// Announces a committed task change.

@@ -1,7 +1,7 @@
 //! The `outbox` table: assignments waiting for their node's acknowledgement,
 //! claimed send by send so that each due send happens once across replicas.
 
-use super::{from_db, to_db, with_pool, Backend, Store, StoreError};
+use super::{from_db, to_db, with_pool, Backend, Store, StoreError, FENCE_SQL};
 
 /// An assignment waiting for its node's acknowledgement.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -91,22 +91,36 @@ impl Store {
     /// and moves its resend time to `next_send_ms`. Returns false when the row
     /// is gone or another sender (a second replica, or the scheduler's first
     /// send) claimed it since it was read, so each due send happens once.
+    /// Only a leader sends: with replicas, the claim is fenced by `term`
+    /// (what [`Store::fence`] gave), so a deposed leader claims nothing.
     pub async fn claim_outbox_send(
         &self,
         seen: &OutboxEntry,
         next_send_ms: u64,
+        term: Option<u64>,
     ) -> Result<bool, StoreError> {
         let sql = "UPDATE outbox SET next_send_ms = $3, sends = sends + 1 \
                    WHERE task_id = $1 AND attempt = $2 AND next_send_ms = $4 AND sends = $5";
-        let claimed = with_pool!(self, pool => sqlx::query(sql)
-            .bind(&seen.task_id)
-            .bind(i64::from(seen.attempt))
-            .bind(to_db(next_send_ms))
-            .bind(to_db(seen.next_send_ms))
-            .bind(i64::from(seen.sends))
-            .execute(pool)
-            .await
-            .map(|done| done.rows_affected()))?;
+        let claimed = with_pool!(self, pool => {
+            let mut tx = pool.begin().await?;
+            if let Some(term) = term {
+                let held = sqlx::query(FENCE_SQL).bind(to_db(term)).execute(&mut *tx).await?;
+                if held.rows_affected() != 1 {
+                    return Err(StoreError::Deposed);
+                }
+            }
+            let claimed = sqlx::query(sql)
+                .bind(&seen.task_id)
+                .bind(i64::from(seen.attempt))
+                .bind(to_db(next_send_ms))
+                .bind(to_db(seen.next_send_ms))
+                .bind(i64::from(seen.sends))
+                .execute(&mut *tx)
+                .await?
+                .rows_affected();
+            tx.commit().await?;
+            Ok::<u64, sqlx::Error>(claimed)
+        })?;
         Ok(claimed == 1)
     }
 

@@ -7,6 +7,7 @@ use std::str::FromStr;
 use starling_proto::{Digest, Runtime};
 
 use super::{
+    corrupt, from_db, to_db, with_pool, Backend, Store, StoreError, TaskRow, FENCE_SQL,
     TASK_COLUMNS,
 };
 use crate::live::task_change;
@@ -334,11 +335,13 @@ impl Store {
         explanation: &serde_json::Value,
         now_ms: u64,
     ) -> Result<bool, StoreError> {
+        let fence = self.fence()?;
         let explanation = explanation.to_string();
         let update =
             "UPDATE tasks SET state = 'assigned', attempt = $2, node_id = $3, power_level = $4, \
                       explanation = $5, updated_ms = $6 \
                       WHERE id = $1 AND state = 'pending' AND attempt = $7";
+        let insert = "INSERT INTO attempts (task_id, attempt, node_id, power_level, assigned_ms, state, explanation, epoch) \
                       VALUES ($1, $2, $3, $4, $5, 'assigned', $6, $7)";
         // Due at once and never sent: the scheduler claims the first send right
         // after the commit, and if the process dies before it does, the resend
@@ -347,7 +350,10 @@ impl Store {
                       VALUES ($1, $2, $3, $4, 0)";
         let assigned = with_pool!(self, pool => {
             let mut tx = pool.begin().await?;
+            if let Some(term) = fence {
+                let held = sqlx::query(FENCE_SQL).bind(to_db(term)).execute(&mut *tx).await?;
                 if held.rows_affected() != 1 {
+                    return Err(StoreError::Deposed);
                 }
             }
             let updated = sqlx::query(update)
@@ -369,6 +375,7 @@ impl Store {
                     .bind(i64::from(power_level))
                     .bind(to_db(now_ms))
                     .bind(&explanation)
+                    .bind(fence.map(to_db))
                     .execute(&mut *tx)
                     .await?;
                 sqlx::query(outbox)
@@ -437,9 +444,13 @@ impl Store {
         let give_up = "UPDATE tasks SET state = 'failed', failure_reason = 'node_lost', failure_message = $3, \
                        updated_ms = $2 WHERE id = $1";
         let clear_outbox = "DELETE FROM outbox WHERE task_id = $1";
+        let fence = self.fence()?;
         let lost = with_pool!(self, pool => {
             let mut tx = pool.begin().await?;
+            if let Some(term) = fence {
+                let held = sqlx::query(FENCE_SQL).bind(to_db(term)).execute(&mut *tx).await?;
                 if held.rows_affected() != 1 {
+                    return Err(StoreError::Deposed);
                 }
             }
             sqlx::query(mark_attempts).bind(node_id).bind(to_db(now_ms)).execute(&mut *tx).await?;
@@ -546,9 +557,13 @@ impl Store {
             "UPDATE tasks SET state = 'failed', failure_reason = $3, failure_message = $4, \
                        updated_ms = $2 WHERE id = $1";
         let clear_outbox = "DELETE FROM outbox WHERE task_id = $1";
+        let fence = self.fence()?;
         let ended = with_pool!(self, pool => {
             let mut tx = pool.begin().await?;
+            if let Some(term) = fence {
+                let held = sqlx::query(FENCE_SQL).bind(to_db(term)).execute(&mut *tx).await?;
                 if held.rows_affected() != 1 {
+                    return Err(StoreError::Deposed);
                 }
             }
             let row: Option<(i64,)> = sqlx::query_as(select)

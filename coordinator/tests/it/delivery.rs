@@ -97,8 +97,8 @@ async fn outbox_follows_the_attempt(store: &Store) {
         vec![entry.clone()]
     );
     // Each due send is claimed once.
-    assert!(store.claim_outbox_send(&entry, 6_000).await.unwrap());
-    assert!(!store.claim_outbox_send(&entry, 7_000).await.unwrap());
+    assert!(store.claim_outbox_send(&entry, 6_000, None).await.unwrap());
+    assert!(!store.claim_outbox_send(&entry, 7_000, None).await.unwrap());
     let claimed = store.outbox_entry("o-1", 1).await.unwrap().unwrap();
     assert_eq!((claimed.next_send_ms, claimed.sends), (6_000, 1));
     assert!(store.due_outbox(5_999, 10).await.unwrap().is_empty());

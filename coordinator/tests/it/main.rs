@@ -11,6 +11,7 @@ mod delivery;
 mod federation;
 mod ingest;
 mod metrics;
+mod replicas;
 mod reports;
 mod rest;
 mod store;

@@ -109,6 +109,7 @@ fn bad_input_fails_clearly_and_everything_keeps_serving() {
         grants: Default::default(),
         publisher: None,
         precompiled: None,
+        leader_epoch: None,
         issued_unix_ms: now_ms,
         expires_unix_ms: now_ms + 60_000,
         signature: Vec::new(),

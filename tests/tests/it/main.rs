@@ -23,6 +23,7 @@ mod first_boot;
 mod liveness;
 mod opencl;
 mod precompiled;
+mod replicas;
 mod security;
 mod swarm;
 mod wire;

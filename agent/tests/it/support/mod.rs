@@ -85,6 +85,7 @@ pub fn unsigned_assignment(
         grants: Grants::default(),
         publisher: None,
         precompiled: None,
+        leader_epoch: None,
         issued_unix_ms: now,
         expires_unix_ms: now + 60_000,
         signature: Vec::new(),

@@ -232,10 +232,17 @@ pub(crate) async fn revoke_node(
     shared
         .feed
         .node(&id, starling_api::NodeChangeKind::Revoked, now_ms);
-    let lost = shared
+    let lost = match shared
         .store
         .requeue_node_tasks(&id, shared.max_attempts, now_ms)
-        .await?;
+        .await
+    {
+        Ok(lost) => lost,
+        // A replica that does not lead leaves it to the leader, which hears
+        // the node's last will when the broker drops its revoked session.
+        Err(crate::store::StoreError::Deposed) => Vec::new(),
+        Err(error) => return Err(error.into()),
+    };
     shared.wake_scheduler.notify_one();
     tracing::warn!(node = %id, requeued = lost.len(), "node revoked");
     Ok(Json(NodeRevoked {

@@ -25,6 +25,8 @@ pub(crate) const SERIES: &[&str] = &[
     "starling_queue_length",
     "starling_placement_decision_seconds",
     "starling_event_stream_clients",
+    "starling_leader",
+    "starling_leader_term",
     "starling_mqtt_messages_handled_total",
     "starling_mqtt_messages_ignored_total",
     "starling_reports_refused_total",
@@ -140,6 +142,18 @@ pub(crate) async fn metrics(State(shared): State<Arc<Shared>>) -> Result<Respons
         "gauge",
         "Open subscriptions to the live event feed: event streams (GET /api/v1/events, console pages), long polls waiting on a task, and the console's own telemetry history.",
         &[(String::new(), shared.feed.clients() as u64)],
+    );
+    metric(
+        "starling_leader",
+        "gauge",
+        "1 while this coordinator schedules for its site (always for a single coordinator; for replicas on PostgreSQL, while it holds the site's lease), else 0.",
+        &[(String::new(), u64::from(shared.store.leads()))],
+    );
+    metric(
+        "starling_leader_term",
+        "gauge",
+        "The term this replica leads under (the lease's epoch; 0 when it does not lead or has no replicas).",
+        &[(String::new(), shared.store.leader_term().unwrap_or(0))],
     );
     metric(
         "starling_mqtt_messages_handled_total",

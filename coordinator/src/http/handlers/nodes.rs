@@ -41,6 +41,8 @@ pub(crate) async fn health(State(shared): State<Arc<Shared>>) -> Result<Json<Hea
         policy: shared.policy_name.clone(),
         nodes,
         nodes_online,
+        leader: shared.store.leads(),
+        leader_term: shared.store.leader_term(),
     }))
 }
 
