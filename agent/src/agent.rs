@@ -311,7 +311,7 @@ pub async fn run_node(
     shutdown: impl Future<Output = ()> + Send,
 ) -> Result<(), AgentError> {
     config.validate()?;
-    let address = BrokerAddress::parse(&config.broker).map_err(ConfigError::from)?;
+    let brokers = BrokerAddress::parse_list(&config.broker).map_err(ConfigError::from)?;
     let node_id = config.resolved_node_id()?;
     let topics = Topics::new(&config.topic_prefix).map_err(ConfigError::from)?;
     let verifier = verifier(&config, &node_id)?;
@@ -354,22 +354,28 @@ pub async fn run_node(
     // Signed now and published by the broker later: it counts on a channel
     // of its own (see `ReportChannel::Will`).
     let will_payload = sealer.seal_as(ReportChannel::Will, will.payload.clone())?;
-    let mut options = MqttOptions::new(node_id.as_str(), address.host.as_str(), address.port);
-    options
-        .set_clean_session(false)
-        .set_keep_alive(config.keep_alive)
-        .set_max_packet_size(MAX_PACKET_BYTES, MAX_PACKET_BYTES)
-        // rumqttc would otherwise acknowledge a QoS 1 assignment on receipt,
-        // and a crash before the journal write would lose it.
-        .set_manual_acks(true)
-        .set_last_will(LastWill::new(
-            will.topic.clone(),
-            will_payload,
-            QoS::AtLeastOnce,
-            true,
-        ));
-    configure_mqtt(&mut options, &address, &config).map_err(ConfigError::from)?;
-    let (client, mut eventloop) = AsyncClient::new(options, 256);
+    let last_will = LastWill::new(will.topic.clone(), will_payload, QoS::AtLeastOnce, true);
+    // One set of options per broker, the same but for the address: the
+    // connection moves to the next one whenever it is lost.
+    let options = brokers
+        .iter()
+        .map(|address| {
+            let mut options =
+                MqttOptions::new(node_id.as_str(), address.host.as_str(), address.port);
+            options
+                .set_clean_session(false)
+                .set_keep_alive(config.keep_alive)
+                .set_max_packet_size(MAX_PACKET_BYTES, MAX_PACKET_BYTES)
+                // rumqttc would otherwise acknowledge a QoS 1 assignment on
+                // receipt, and a crash before the journal write would lose it.
+                .set_manual_acks(true)
+                .set_last_will(last_will.clone());
+            configure_mqtt(&mut options, address, &config).map(|()| (address.url(), options))
+        })
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(ConfigError::from)?;
+    let mut brokers = BrokerRing::new(options);
+    let (client, mut eventloop) = AsyncClient::new(brokers.current().clone(), 256);
     starling_net::mqtt::no_delay(&mut eventloop);
 
     let connect_started = Instant::now();
@@ -377,9 +383,9 @@ pub async fn run_node(
     // the broker is away (a reboot during an outage): its events wait in the
     // journal. A node with nothing to resume fails fast instead, so a wrong
     // --broker shows at once. A refused login always stops it.
-    let online = match first_connect(&mut eventloop, &config.broker, refused_retries).await {
+    let online = match first_connect(&mut eventloop, &mut brokers, refused_retries).await {
         Ok(session_present) => {
-            tracing::info!(node = %node_id, broker = %config.broker, session_present, "connected");
+            tracing::info!(node = %node_id, broker = %brokers.url(), session_present, "connected");
             true
         }
         Err(AgentError::BrokerUnreachable { detail, .. }) if !resumed.is_empty() => {
@@ -399,9 +405,12 @@ pub async fn run_node(
     let stopping = Arc::new(AtomicBool::new(false));
     let connection = tokio::spawn(tracing::Instrument::in_current_span(drive_connection(
         eventloop,
-        LastWords {
-            will,
-            sealer: Arc::clone(&sealer),
+        Reconnect {
+            brokers,
+            last_words: LastWords {
+                will,
+                sealer: Arc::clone(&sealer),
+            },
         },
         inbound_sender,
         Arc::clone(&link),
@@ -751,10 +760,90 @@ impl Io {
     }
 }
 
-/// Polls until the first CONNACK. A refused login is tried again
-/// `refused_retries` times, half a second apart, within the same timeout;
-/// any other failure is fatal at start.
+/// The brokers a node may use, in the order given, and the one in use.
+struct BrokerRing {
+    /// Each broker's URL and connection options (never empty: the list is
+    /// parsed with `BrokerAddress::parse_list`, which refuses an empty one).
+    brokers: Vec<(String, MqttOptions)>,
+    current: usize,
+}
+
+impl BrokerRing {
+    fn new(brokers: Vec<(String, MqttOptions)>) -> Self {
+        Self {
+            brokers,
+            current: 0,
+        }
+    }
+
+    fn entry(&self) -> Option<&(String, MqttOptions)> {
+        self.brokers.get(self.current)
+    }
+
+    /// How many brokers the list has.
+    fn len(&self) -> usize {
+        self.brokers.len()
+    }
+
+    /// The options of the broker in use.
+    fn current(&self) -> MqttOptions {
+        self.entry()
+            .map(|(_, options)| options.clone())
+            .unwrap_or_else(|| MqttOptions::new("", "", 0))
+    }
+
+    /// The URL of the broker in use.
+    fn url(&self) -> &str {
+        self.entry().map_or("", |(url, _)| url.as_str())
+    }
+
+    /// Moves to the next broker (after the last, the first again) and
+    /// points `eventloop` at it, keeping the will it carries; returns
+    /// whether the list started over.
+    fn advance(&mut self, eventloop: &mut EventLoop) -> bool {
+        if self.brokers.len() < 2 {
+            return true;
+        }
+        self.current = (self.current + 1) % self.brokers.len();
+        let will = eventloop.mqtt_options.last_will();
+        eventloop.mqtt_options = self.current();
+        if let Some(will) = will {
+            eventloop.mqtt_options.set_last_will(will);
+        }
+        self.current == 0
+    }
+}
+
+/// Polls until the first CONNACK, trying each broker of the list in turn
+/// while one cannot be reached. A refused login is tried again
+/// `refused_retries` times, half a second apart, within the same timeout,
+/// and is fatal after that (every broker of a list shares one login).
 async fn first_connect(
+    eventloop: &mut EventLoop,
+    brokers: &mut BrokerRing,
+    refused_retries: u32,
+) -> Result<bool, AgentError> {
+    let mut tried = Vec::new();
+    loop {
+        match connect_once(eventloop, brokers.url(), refused_retries).await {
+            Err(AgentError::BrokerUnreachable { broker, detail }) if brokers.len() > 1 => {
+                tried.push(format!("{broker} ({detail})"));
+                if brokers.advance(eventloop) {
+                    return Err(AgentError::BrokerUnreachable {
+                        broker: tried.join(", "),
+                        detail: "no broker of the list answered".to_owned(),
+                    });
+                }
+                tracing::warn!(broker = %broker, %detail, next = %brokers.url(),
+                    "broker unreachable; trying the next one");
+            }
+            other => return other,
+        }
+    }
+}
+
+/// Polls until the first CONNACK from the broker in use.
+async fn connect_once(
     eventloop: &mut EventLoop,
     broker: &str,
     refused_retries: u32,
@@ -837,11 +926,18 @@ impl LastWords {
     }
 }
 
+/// Where and how the connection is made again after a loss: the next broker
+/// of the list, with the last will sealed afresh.
+struct Reconnect {
+    brokers: BrokerRing,
+    last_words: LastWords,
+}
+
 /// Polls rumqttc's event loop for the agent's whole life: forwards publishes,
 /// notes pings for RTT, and retries lost connections with backoff.
 async fn drive_connection(
     mut eventloop: EventLoop,
-    last_words: LastWords,
+    mut reconnect: Reconnect,
     inbound: mpsc::UnboundedSender<Inbound>,
     link: Arc<LinkTracker>,
     stopping: Arc<AtomicBool>,
@@ -881,9 +977,14 @@ async fn drive_connection(
                 }
                 connected = false;
                 online.send_replace(false);
-                tracing::warn!(error = %describe(&error), retry_in = ?backoff,
+                let lost = reconnect.brokers.url().to_owned();
+                // The next broker of the list (the same one when there is
+                // only one), with a will sealed afresh.
+                reconnect.brokers.advance(&mut eventloop);
+                tracing::warn!(error = %describe(&error), broker = %lost,
+                    next = %reconnect.brokers.url(), retry_in = ?backoff,
                     "lost the MQTT connection; retrying");
-                last_words.renew(&mut eventloop.mqtt_options);
+                reconnect.last_words.renew(&mut eventloop.mqtt_options);
                 tokio::time::sleep(backoff).await;
                 backoff = (backoff * 2).min(MAX_RECONNECT_BACKOFF);
             }

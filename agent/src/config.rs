@@ -23,7 +23,9 @@ pub const DEFAULT_DATA_DIR: &str = "./.starling/agent";
 /// Everything the agent needs to run.
 #[derive(Debug, Clone, PartialEq)]
 pub struct AgentConfig {
-    /// MQTT broker URL: `mqtt://host:port` (also `tcp://`, or bare `host[:port]`).
+    /// MQTT broker URL: `mqtt://host:port` (also `tcp://`, or bare `host[:port]`);
+    /// several, separated by commas, are tried in turn whenever the
+    /// connection is lost (brokers bridged to one core, see docs/operations.md).
     pub broker: String,
     /// The node id; derived from `/etc/machine-id` and the host name when absent.
     pub node_id: Option<String>,
@@ -485,7 +487,7 @@ impl AgentConfig {
 
     /// Checks the settings that can be wrong independently of the environment.
     pub fn validate(&self) -> Result<(), ConfigError> {
-        BrokerAddress::parse(&self.broker)?;
+        BrokerAddress::parse_list(&self.broker)?;
         starling_proto::Topics::new(&self.topic_prefix)?;
         if let Some(id) = &self.node_id {
             NodeId::new(id).map_err(|source| ConfigError::NodeId {

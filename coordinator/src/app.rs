@@ -167,6 +167,9 @@ pub(crate) struct Counters {
     /// their reason in `ReportRefused::REASONS`.
     pub(crate) reports_refused:
         [std::sync::atomic::AtomicU64; domain::reports::ReportRefused::REASONS.len()],
+    /// MQTT messages received and not yet handled (a gauge): with the rate
+    /// handled, how far ingest lags behind the fleet.
+    pub(crate) ingest_backlog: std::sync::atomic::AtomicU64,
     /// How long each scheduling round's placement decision took.
     pub(crate) placement_decisions: loops::scheduler::DecisionTimes,
 }

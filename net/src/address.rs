@@ -23,6 +23,25 @@ pub struct BrokerAddress {
 }
 
 impl BrokerAddress {
+    /// Parses a comma-separated list of broker URLs (an agent fails over
+    /// between them, in order): at least one, each as [`BrokerAddress::parse`]
+    /// takes it.
+    pub fn parse_list(urls: &str) -> Result<Vec<Self>, BrokerUrlError> {
+        let list = urls
+            .split(',')
+            .map(str::trim)
+            .filter(|url| !url.is_empty())
+            .map(Self::parse)
+            .collect::<Result<Vec<_>, _>>()?;
+        if list.is_empty() {
+            return Err(BrokerUrlError {
+                url: urls.to_owned(),
+                detail: "no broker given".to_owned(),
+            });
+        }
+        Ok(list)
+    }
+
     /// Parses `mqtt://host:port`, `tcp://host:port`, `host:port` or `host`
     /// (port 1883), and `mqtts://host:port` or `ssl://host:port` for TLS
     /// (port 8883).
@@ -97,6 +116,20 @@ impl BrokerAddress {
 #[allow(clippy::unwrap_used, clippy::expect_used)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_list_of_brokers_parses_in_order_and_needs_one() {
+        let list = BrokerAddress::parse_list("mqtt://a:1, b:2 ,mqtts://c").unwrap();
+        let hosts: Vec<(&str, u16, bool)> = list
+            .iter()
+            .map(|a| (a.host.as_str(), a.port, a.tls))
+            .collect();
+        assert_eq!(hosts, [("a", 1, false), ("b", 2, false), ("c", 8883, true)]);
+        assert_eq!(BrokerAddress::parse_list("mqtt://a:1").unwrap().len(), 1);
+        assert!(BrokerAddress::parse_list("").is_err());
+        assert!(BrokerAddress::parse_list(" , ").is_err());
+        assert!(BrokerAddress::parse_list("mqtt://a:1,http://b").is_err());
+    }
 
     #[test]
     fn broker_urls_parse() {

@@ -10,8 +10,8 @@ use std::time::Duration;
 
 use tokio::sync::mpsc;
 
-use super::ingest::{handle_message, Handled, Ingest, Received};
 use super::inbound::IngestError;
+use super::ingest::{handle_message, Handled, Ingest, Received};
 use crate::domain::reports::ReportRefused;
 use crate::store::EventOutcome;
 use crate::Counters;
@@ -101,11 +101,22 @@ pub(crate) async fn run_message_handler(ingest: Ingest, mut messages: mpsc::Rece
             }
         };
         let Some(message) = message else { break };
-        let worker = &workers[worker_of(&message.topic)];
+        let Some(worker) = workers.get(worker_of(&message.topic)) else {
+            break;
+        };
         if worker.send(message).await.is_err() {
             tracing::error!("an MQTT message worker stopped; no more messages are handled");
             break;
         }
+        let queued: usize = messages.len()
+            + workers
+                .iter()
+                .map(|worker| WORKER_QUEUE - worker.capacity())
+                .sum::<usize>();
+        ingest.counters.ingest_backlog.store(
+            u64::try_from(queued).unwrap_or(u64::MAX),
+            std::sync::atomic::Ordering::Relaxed,
+        );
     }
     drop(workers);
     for handle in handles {
@@ -165,7 +176,10 @@ mod tests {
     fn one_nodes_messages_go_to_one_worker_and_nodes_spread() {
         let worker = worker_of("starling/v1/nodes/pi-1/events");
         for channel in ["capability", "telemetry", "status", "events"] {
-            assert_eq!(worker_of(&format!("starling/v1/nodes/pi-1/{channel}")), worker);
+            assert_eq!(
+                worker_of(&format!("starling/v1/nodes/pi-1/{channel}")),
+                worker
+            );
         }
         let used: std::collections::HashSet<usize> = (0..64)
             .map(|i| worker_of(&format!("starling/v1/nodes/node-{i}/telemetry")))

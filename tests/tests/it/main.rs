@@ -14,6 +14,7 @@ use std::sync::{RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 mod architecture;
 mod bad_input;
+mod bridges;
 mod console;
 mod end_to_end;
 mod events;

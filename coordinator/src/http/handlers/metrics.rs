@@ -25,6 +25,7 @@ pub(crate) const SERIES: &[&str] = &[
     "starling_queue_length",
     "starling_placement_decision_seconds",
     "starling_event_stream_clients",
+    "starling_ingest_backlog",
     "starling_leader",
     "starling_leader_term",
     "starling_mqtt_messages_handled_total",
@@ -142,6 +143,18 @@ pub(crate) async fn metrics(State(shared): State<Arc<Shared>>) -> Result<Respons
         "gauge",
         "Open subscriptions to the live event feed: event streams (GET /api/v1/events, console pages), long polls waiting on a task, and the console's own telemetry history.",
         &[(String::new(), shared.feed.clients() as u64)],
+    );
+    metric(
+        "starling_ingest_backlog",
+        "gauge",
+        "MQTT messages received and not yet handled (read when a message is handed to its worker); divided by the rate of starling_mqtt_messages_handled_total, how far ingest lags.",
+        &[(
+            String::new(),
+            shared
+                .counters
+                .ingest_backlog
+                .load(std::sync::atomic::Ordering::Relaxed),
+        )],
     );
     metric(
         "starling_leader",
