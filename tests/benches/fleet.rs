@@ -107,8 +107,14 @@ fn wait(timeout: Duration, what: &str, mut done: impl FnMut() -> bool) -> Durati
     start.elapsed()
 }
 
-/// Starts `count` modelled devices enrolled at `coordinator`, connecting
-/// over `ramp`, and waits until `replicas` all count them online.
+/// Most devices one swarm process runs here: each holds about four file
+/// descriptors (its socket and its journal's database, WAL and index), and
+/// this machine allows a process 20,000.
+const DEVICES_PER_SWARM: usize = 2_500;
+
+/// Starts `count` modelled devices enrolled at `coordinator` (in as many
+/// swarm processes as [`DEVICES_PER_SWARM`] needs), connecting over `ramp`,
+/// and waits until `replicas` all count them online.
 fn swarm(
     coordinator: &Coordinator,
     broker: &str,
@@ -116,6 +122,30 @@ fn swarm(
     prefix: &str,
     ramp: Duration,
     replicas: &[&Coordinator],
+) -> Vec<Swarm> {
+    let processes = count.div_ceil(DEVICES_PER_SWARM);
+    let swarms: Vec<Swarm> = (0..processes)
+        .map(|i| {
+            let share = DEVICES_PER_SWARM.min(count - i * DEVICES_PER_SWARM);
+            let ramp = ramp / processes as u32;
+            one_swarm(coordinator, broker, share, &format!("{prefix}{i}"), ramp)
+        })
+        .collect();
+    for replica in replicas {
+        wait(Duration::from_secs(300), "every device online", || {
+            health(replica).is_some_and(|h| h["nodes_online"].as_u64() == Some(count as u64))
+        });
+    }
+    swarms
+}
+
+/// One swarm process of `count` devices, waited for until it is ready.
+fn one_swarm(
+    coordinator: &Coordinator,
+    broker: &str,
+    count: usize,
+    prefix: &str,
+    ramp: Duration,
 ) -> Swarm {
     let token = Swarm::join_token(coordinator, count);
     let args: Vec<std::ffi::OsString> = [
@@ -139,11 +169,6 @@ fn swarm(
     .collect();
     let mut swarm = Swarm::start_args(count, prefix, args);
     swarm.wait_ready(Duration::from_secs(120) + ramp + Duration::from_millis(count as u64 * 40));
-    for replica in replicas {
-        wait(Duration::from_secs(120), "every device online", || {
-            health(replica).is_some_and(|h| h["nodes_online"].as_u64() == Some(count as u64))
-        });
-    }
     swarm
 }
 
@@ -162,7 +187,7 @@ struct IngestRow {
 fn ingest(devices: usize) -> IngestRow {
     let coordinator = Coordinator::start(None, Store::Sqlite, &[]);
     let ramp = Duration::from_millis(devices as u64 * 5);
-    let swarm = swarm(
+    let swarms = swarm(
         &coordinator,
         &coordinator.mqtt,
         devices,
@@ -173,12 +198,13 @@ fn ingest(devices: usize) -> IngestRow {
     // Settle: the last devices' first reports, the coordinator's first
     // telemetry round for each.
     std::thread::sleep(Duration::from_secs(10));
+    let swarm_pids: Vec<u32> = swarms.iter().map(|s| s.process.pid()).collect();
     let pids = [
         coordinator.process.pid(),
         broker_pid(&coordinator).unwrap_or(0),
-        swarm.process.pid(),
     ];
     let before: Vec<Duration> = pids.iter().map(|pid| cpu_time(*pid)).collect();
+    let swarm_before: Duration = swarm_pids.iter().map(|pid| cpu_time(*pid)).sum();
     let handled_before = metric(&coordinator, "starling_mqtt_messages_handled_total");
     let started = Instant::now();
     let mut backlog = Vec::new();
@@ -193,18 +219,26 @@ fn ingest(devices: usize) -> IngestRow {
         .zip(&before)
         .map(|(pid, before)| (cpu_time(*pid) - *before).as_secs_f64() / window * 100.0)
         .collect();
+    let swarm_cpu = (swarm_pids
+        .iter()
+        .map(|pid| cpu_time(*pid))
+        .sum::<Duration>()
+        - swarm_before)
+        .as_secs_f64()
+        / window
+        * 100.0;
     let row = IngestRow {
         devices,
         coordinator_cpu: cpu[0],
         coordinator_rss: rss_mb(pids[0]),
         broker_cpu: cpu[1],
-        swarm_cpu: cpu[2],
-        swarm_rss: rss_mb(pids[2]),
+        swarm_cpu,
+        swarm_rss: swarm_pids.iter().map(|pid| rss_mb(*pid)).sum(),
         handled_per_s: handled / window,
         backlog_mean: backlog.iter().sum::<f64>() / backlog.len().max(1) as f64,
         backlog_max: backlog.iter().copied().fold(0.0, f64::max),
     };
-    drop(swarm);
+    drop(swarms);
     drop(coordinator);
     row
 }
@@ -392,7 +426,7 @@ fn main() {
         for n in &devices {
             eprintln!("fleet: ingest at {n} devices");
             let row = ingest(*n);
-            table.push_str(&format!(
+            let line = format!(
                 "| {} | {:.1}% | {:.0} MB | {:.1}% | {:.0} ({}) | {:.1} / {:.0} | {:.1}% | {:.0} MB |\n",
                 row.devices,
                 row.coordinator_cpu,
@@ -404,7 +438,9 @@ fn main() {
                 row.backlog_max,
                 row.swarm_cpu,
                 row.swarm_rss,
-            ));
+            );
+            eprint!("{line}");
+            table.push_str(&line);
         }
         parts.push(("ingest", table));
     }
@@ -424,7 +460,7 @@ fn main() {
             eprintln!("fleet: throughput with {replicas} replicas");
             let row = throughput(replicas, 1_000, tasks);
             let rate = row.tasks as f64 / row.done_s;
-            table.push_str(&format!(
+            let line = format!(
                 "| {} | {:.1} s | {:.1} s | {:.1} s | {:.0} | {:.2}× | {:.3}× |\n",
                 row.replicas,
                 row.submit_s,
@@ -433,7 +469,9 @@ fn main() {
                 rate,
                 rate / 135.0,
                 rate / 3_750.0,
-            ));
+            );
+            eprint!("{line}");
+            table.push_str(&line);
         }
         parts.push(("throughput", table));
     }

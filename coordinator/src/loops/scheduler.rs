@@ -14,7 +14,7 @@ use crate::federation::Federation;
 use crate::loops::cluster_view::{Snapshot, ViewSource, QUEUE_WINDOW};
 use crate::loops::round::{Round, Step};
 use crate::mqtt::publish::Publisher;
-use crate::store::{OutboxEntry, StoreError, TaskRecord};
+use crate::store::{OutboxEntry, Placement, StoreError, TaskRecord};
 use crate::task::{unix_now_ms, TaskStatus};
 
 /// Why a scheduling round stopped early.
@@ -179,6 +179,9 @@ impl Scheduler {
             .observe(started.elapsed());
 
         let mut summary = RoundSummary::default();
+        // Recorded together after the round: one transaction for all.
+        let mut placements = Vec::new();
+        let mut placed_tasks = Vec::new();
         for decision in decisions {
             // A site this task was taken back from is not tried again for it.
             let excluded = match usize::try_from(decision.task_key)
@@ -230,43 +233,14 @@ impl Scheduler {
                     power_level,
                     explanation,
                 } => {
-                    let record = &pending[task];
-                    let assigned = store
-                        .assign_task(
-                            &record.spec.id,
-                            attempt,
-                            node_id.as_str(),
-                            power_level,
-                            &explanation,
-                            now_ms,
-                        )
-                        .await?;
-                    if !assigned {
-                        // Cancelled or placed by another replica since it was read.
-                        continue;
-                    }
-                    let entry = OutboxEntry {
-                        task_id: record.spec.id.clone(),
+                    placements.push(Placement {
+                        task_id: pending[task].spec.id.clone(),
                         attempt,
                         node_id: node_id.to_string(),
-                        next_send_ms: now_ms,
-                        sends: 0,
-                    };
-                    let placed = TaskRecord {
-                        status: TaskStatus::Assigned,
-                        node_id: Some(node_id.to_string()),
-                        attempt,
-                        power_level: Some(power_level),
-                        ..record.clone()
-                    };
-                    if self
-                        .publisher
-                        .send_assignment(&entry, &placed, unix_now_ms())
-                        .await?
-                    {
-                        tracing::info!(task = %record.spec.id, node = %node_id, attempt, power_level, "task assigned");
-                    }
-                    summary.placed += 1;
+                        power_level,
+                        explanation,
+                    });
+                    placed_tasks.push((task, node_id));
                 }
                 Step::Hold { task, explanation } => {
                     store
@@ -276,7 +250,66 @@ impl Scheduler {
                 }
             }
         }
+        summary.placed = self
+            .place(&pending, &placements, &placed_tasks, now_ms)
+            .await?;
         Ok(summary)
+    }
+
+    /// Records a round's placements in one transaction, each with its first
+    /// send claimed, then sends them; returns how many were recorded.
+    async fn place(
+        &self,
+        pending: &[TaskRecord],
+        placements: &[Placement],
+        placed_tasks: &[(usize, starling_proto::NodeId)],
+        now_ms: u64,
+    ) -> Result<usize, ScheduleError> {
+        if placements.is_empty() {
+            return Ok(0);
+        }
+        let claimed_until = self.publisher.first_resend_ms(unix_now_ms());
+        let placed = self
+            .views
+            .store
+            .assign_tasks(placements, now_ms, Some(claimed_until))
+            .await?;
+        let mut count = 0;
+        for ((placement, (task, node_id)), assigned) in
+            placements.iter().zip(placed_tasks).zip(&placed.assigned)
+        {
+            if !assigned {
+                // Cancelled or placed by another replica since it was read.
+                continue;
+            }
+            count += 1;
+            let Some(record) = pending.get(*task) else {
+                continue;
+            };
+            let entry = OutboxEntry {
+                task_id: placement.task_id.clone(),
+                attempt: placement.attempt,
+                node_id: placement.node_id.clone(),
+                next_send_ms: claimed_until,
+                sends: 1,
+            };
+            let record = TaskRecord {
+                status: TaskStatus::Assigned,
+                node_id: Some(placement.node_id.clone()),
+                attempt: placement.attempt,
+                power_level: Some(placement.power_level),
+                ..record.clone()
+            };
+            if self
+                .publisher
+                .publish_claimed(&entry, node_id, &record, placed.term, unix_now_ms())
+                .await?
+            {
+                tracing::info!(task = %placement.task_id, node = %node_id, attempt = placement.attempt,
+                    power_level = placement.power_level, "task assigned");
+            }
+        }
+        Ok(count)
     }
 }
 

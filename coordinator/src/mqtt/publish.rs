@@ -84,6 +84,29 @@ impl Publisher {
         if !self.store.claim_outbox_send(entry, next_ms, term).await? {
             return Ok(false);
         }
+        self.publish_claimed(entry, &node, task, term, now_ms).await
+    }
+
+    /// When the first send of a placement is due again if it is never
+    /// acknowledged: what [`crate::store::Store::assign_tasks`] writes for a
+    /// placement whose first send the scheduler makes itself.
+    pub(crate) fn first_resend_ms(&self, now_ms: u64) -> u64 {
+        now_ms.saturating_add(to_ms(backoff(self.resend_interval, 0)))
+    }
+
+    /// Publishes the assignment of `task`'s attempt in `entry`, whose send is
+    /// already claimed (by [`Publisher::send_assignment`], or in the
+    /// transaction that placed it), freshly signed under `term`. Returns
+    /// whether it went out.
+    pub(crate) async fn publish_claimed(
+        &self,
+        entry: &OutboxEntry,
+        node: &NodeId,
+        task: &TaskRecord,
+        term: Option<u64>,
+        now_ms: u64,
+    ) -> Result<bool, StoreError> {
+        let node = node.clone();
         let precompiled = match self
             .precompile
             .for_assignment(task, &node, &self.public_url)

@@ -32,6 +32,7 @@ pub mod forwards;
 mod keys;
 mod lease;
 mod outbox;
+mod placements;
 mod precompiled;
 mod tasks;
 
@@ -39,6 +40,7 @@ pub use events::{failure_reason_name, AttemptRecord, EventOutcome, EventRecord};
 pub use lease::LeaderTerm;
 pub(crate) use lease::FENCE_SQL;
 pub use outbox::OutboxEntry;
+pub use placements::{Placed, Placement};
 pub use precompiled::PrecompiledKey;
 pub use tasks::{CancelOutcome, InFlightAttempt, LostTask, NewTask, TaskRecord};
 

@@ -6,6 +6,7 @@ use std::str::FromStr;
 
 use starling_proto::{Digest, Runtime};
 
+use super::placements::Placement;
 use super::{
     corrupt, from_db, to_db, with_pool, Backend, Store, StoreError, TaskRow, FENCE_SQL,
     TASK_COLUMNS,
@@ -326,6 +327,7 @@ impl Store {
     /// and the assignment enters the outbox (due now, never sent) in the same
     /// transaction. Returns false (and changes nothing) when the task is no longer pending at
     /// the expected attempt, for instance because it was cancelled meanwhile.
+    /// One of [`Store::assign_tasks`]; the scheduler places a round at once.
     pub async fn assign_task(
         &self,
         task_id: &str,
@@ -335,76 +337,15 @@ impl Store {
         explanation: &serde_json::Value,
         now_ms: u64,
     ) -> Result<bool, StoreError> {
-        let fence = self.fence()?;
-        let explanation = explanation.to_string();
-        let update =
-            "UPDATE tasks SET state = 'assigned', attempt = $2, node_id = $3, power_level = $4, \
-                      explanation = $5, updated_ms = $6 \
-                      WHERE id = $1 AND state = 'pending' AND attempt = $7";
-        let insert = "INSERT INTO attempts (task_id, attempt, node_id, power_level, assigned_ms, state, explanation, epoch) \
-                      VALUES ($1, $2, $3, $4, $5, 'assigned', $6, $7)";
-        // Due at once and never sent: the scheduler claims the first send right
-        // after the commit, and if the process dies before it does, the resend
-        // loop of the next start sends it.
-        let outbox = "INSERT INTO outbox (task_id, attempt, node_id, next_send_ms, sends) \
-                      VALUES ($1, $2, $3, $4, 0)";
-        let assigned = with_pool!(self, pool => {
-            let mut tx = pool.begin().await?;
-            if let Some(term) = fence {
-                let held = sqlx::query(FENCE_SQL).bind(to_db(term)).execute(&mut *tx).await?;
-                if held.rows_affected() != 1 {
-                    return Err(StoreError::Deposed);
-                }
-            }
-            let updated = sqlx::query(update)
-                .bind(task_id)
-                .bind(i64::from(attempt))
-                .bind(node_id)
-                .bind(i64::from(power_level))
-                .bind(&explanation)
-                .bind(to_db(now_ms))
-                .bind(i64::from(attempt.saturating_sub(1)))
-                .execute(&mut *tx)
-                .await?
-                .rows_affected();
-            if updated == 1 {
-                sqlx::query(insert)
-                    .bind(task_id)
-                    .bind(i64::from(attempt))
-                    .bind(node_id)
-                    .bind(i64::from(power_level))
-                    .bind(to_db(now_ms))
-                    .bind(&explanation)
-                    .bind(fence.map(to_db))
-                    .execute(&mut *tx)
-                    .await?;
-                sqlx::query(outbox)
-                    .bind(task_id)
-                    .bind(i64::from(attempt))
-                    .bind(node_id)
-                    .bind(to_db(now_ms))
-                    .execute(&mut *tx)
-                    .await?;
-                tx.commit().await?;
-                Ok::<bool, sqlx::Error>(true)
-            } else {
-                tx.rollback().await?;
-                Ok(false)
-            }
-        })?;
-        if assigned {
-            self.announce(TaskChange {
-                power_level: Some(power_level),
-                ..task_change(
-                    task_id,
-                    TaskStatus::Assigned,
-                    attempt,
-                    Some(node_id),
-                    now_ms,
-                )
-            });
-        }
-        Ok(assigned)
+        let placement = Placement {
+            task_id: task_id.to_owned(),
+            attempt,
+            node_id: node_id.to_owned(),
+            power_level,
+            explanation: explanation.clone(),
+        };
+        let placed = self.assign_tasks(&[placement], now_ms, None).await?;
+        Ok(placed.assigned.first().copied().unwrap_or(false))
     }
 
     /// Records why a pending task stays pending (the policy held it), unless
