@@ -255,10 +255,9 @@ struct ThroughputRow {
     rerun: usize,
 }
 
-fn throughput(replicas: usize, devices: usize, tasks: usize) -> ThroughputRow {
-    let db = PostgresDb::create();
-    let broker = Mosquitto::start();
-    let coordinators: Vec<Coordinator> = (0..replicas)
+/// `count` coordinator replicas on one database and one development broker.
+fn replicas_on(db: &PostgresDb, broker: &Mosquitto, count: usize) -> Vec<Coordinator> {
+    (0..count)
         .map(|_| {
             Coordinator::start(
                 Some(&broker.url),
@@ -266,7 +265,13 @@ fn throughput(replicas: usize, devices: usize, tasks: usize) -> ThroughputRow {
                 &["--mqtt-allow-anonymous"],
             )
         })
-        .collect();
+        .collect()
+}
+
+fn throughput(replicas: usize, devices: usize, tasks: usize) -> ThroughputRow {
+    let db = PostgresDb::create();
+    let broker = Mosquitto::start();
+    let coordinators = replicas_on(&db, &broker, replicas);
     let all: Vec<&Coordinator> = coordinators.iter().collect();
     let swarm = swarm(
         &coordinators[0],
@@ -351,15 +356,7 @@ fn throughput(replicas: usize, devices: usize, tasks: usize) -> ThroughputRow {
 fn failover() -> (Duration, Duration) {
     let db = PostgresDb::create();
     let broker = Mosquitto::start();
-    let mut replicas: Vec<Coordinator> = (0..2)
-        .map(|_| {
-            Coordinator::start(
-                Some(&broker.url),
-                Store::Postgres(db.url.clone()),
-                &["--mqtt-allow-anonymous"],
-            )
-        })
-        .collect();
+    let mut replicas = replicas_on(&db, &broker, 2);
     let all: Vec<&Coordinator> = replicas.iter().collect();
     let swarm = swarm(
         &replicas[0],

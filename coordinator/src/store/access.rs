@@ -70,6 +70,20 @@ const FORGET_REPORT_MARKS: &str = "DELETE FROM report_marks WHERE node_id = $1";
 type ApiTokenRow = (String, String, String, i64, Option<i64>);
 type CredentialRow = (String, String, String, i64, Option<i64>, Option<String>);
 
+/// A `node_credentials` row as the rest of the coordinator sees it.
+fn credential_row(
+    (node_id, password_sha256, mosquitto_hash, created_ms, revoked_ms, report_key): CredentialRow,
+) -> NodeCredentialRow {
+    NodeCredentialRow {
+        node_id,
+        password_sha256,
+        mosquitto_hash,
+        created_ms: from_db(created_ms),
+        revoked_ms: revoked_ms.map(from_db),
+        report_key,
+    }
+}
+
 /// The credentials a node is stored with: the hashes of its MQTT password
 /// and the public key its reports are signed with (64 hex digits).
 #[derive(Debug, Clone, Copy)]
@@ -266,18 +280,7 @@ impl Store {
                    FROM node_credentials WHERE node_id = $1";
         let row: Option<CredentialRow> =
             with_pool!(self, pool => sqlx::query_as(sql).bind(node_id).fetch_optional(pool).await)?;
-        Ok(row.map(
-            |(node_id, password_sha256, mosquitto_hash, created_ms, revoked_ms, report_key)| {
-                NodeCredentialRow {
-                    node_id,
-                    password_sha256,
-                    mosquitto_hash,
-                    created_ms: from_db(created_ms),
-                    revoked_ms: revoked_ms.map(from_db),
-                    report_key,
-                }
-            },
-        ))
+        Ok(row.map(credential_row))
     }
 
     /// Every node's credentials, revoked ones included, by node id.
@@ -287,21 +290,7 @@ impl Store {
                    FROM node_credentials ORDER BY node_id";
         let rows: Vec<CredentialRow> =
             with_pool!(self, pool => sqlx::query_as(sql).fetch_all(pool).await)?;
-        Ok(rows
-            .into_iter()
-            .map(
-                |(node_id, password_sha256, mosquitto_hash, created_ms, revoked_ms, report_key)| {
-                    NodeCredentialRow {
-                        node_id,
-                        password_sha256,
-                        mosquitto_hash,
-                        created_ms: from_db(created_ms),
-                        revoked_ms: revoked_ms.map(from_db),
-                        report_key,
-                    }
-                },
-            )
-            .collect())
+        Ok(rows.into_iter().map(credential_row).collect())
     }
 
     /// Every node's highest accepted report counter per report channel:

@@ -5,7 +5,7 @@
 use std::str::FromStr;
 
 use crate::store::{
-    corrupt, from_db, to_db, with_pool, Backend, NewTask, Store, StoreError, TaskRecord, FENCE_SQL,
+    check_term, corrupt, from_db, to_db, with_pool, Backend, NewTask, Store, StoreError, TaskRecord,
 };
 use crate::task::TaskStatus;
 use starling_api::TaskChange;
@@ -85,12 +85,7 @@ impl Store {
         let fence = self.fence()?;
         let forwarded = with_pool!(self, pool => {
             let mut tx = pool.begin().await?;
-            if let Some(term) = fence {
-                let held = sqlx::query(FENCE_SQL).bind(to_db(term)).execute(&mut *tx).await?;
-                if held.rows_affected() != 1 {
-                    return Err(StoreError::Deposed);
-                }
-            }
+            check_term!(tx, fence);
             let updated = sqlx::query(update)
                 .bind(task_id)
                 .bind(i64::from(attempt))
@@ -309,12 +304,7 @@ impl Store {
         let fence = self.fence()?;
         let outcome = with_pool!(self, pool => {
             let mut tx = pool.begin().await?;
-            if let Some(term) = fence {
-                let held = sqlx::query(FENCE_SQL).bind(to_db(term)).execute(&mut *tx).await?;
-                if held.rows_affected() != 1 {
-                    return Err(StoreError::Deposed);
-                }
-            }
+            check_term!(tx, fence);
             let abandoned = sqlx::query(abandon).bind(task_id).bind(i64::from(attempt)).bind(reason)
                 .bind(to_db(now_ms)).execute(&mut *tx).await?.rows_affected();
             if abandoned != 1 {

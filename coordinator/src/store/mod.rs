@@ -68,6 +68,25 @@ macro_rules! with_pool {
 // Every `impl Store` block of the store's files shares the one query text rule.
 pub(crate) use with_pool;
 
+/// Inside a leader-only write's transaction `tx` (in a `with_pool!` body):
+/// with replicas, checks that the lease still holds `term` (an
+/// `Option<u64>` from [`Store::fence`]) and returns `StoreError::Deposed`
+/// from the method when it does not; without replicas (`None`), nothing.
+macro_rules! check_term {
+    ($tx:ident, $term:expr) => {
+        if let Some(term) = $term {
+            let held = sqlx::query($crate::store::FENCE_SQL)
+                .bind($crate::store::to_db(term))
+                .execute(&mut *$tx)
+                .await?;
+            if held.rows_affected() != 1 {
+                return Err($crate::store::StoreError::Deposed);
+            }
+        }
+    };
+}
+pub(crate) use check_term;
+
 /// The pool of whichever database the store opened.
 #[derive(Debug, Clone)]
 pub(crate) enum Backend {

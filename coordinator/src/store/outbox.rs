@@ -1,7 +1,7 @@
 //! The `outbox` table: assignments waiting for their node's acknowledgement,
 //! claimed send by send so that each due send happens once across replicas.
 
-use super::{from_db, to_db, with_pool, Backend, Store, StoreError, FENCE_SQL};
+use super::{check_term, from_db, to_db, with_pool, Backend, Store, StoreError};
 
 /// An assignment waiting for its node's acknowledgement.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -103,12 +103,7 @@ impl Store {
                    WHERE task_id = $1 AND attempt = $2 AND next_send_ms = $4 AND sends = $5";
         let claimed = with_pool!(self, pool => {
             let mut tx = pool.begin().await?;
-            if let Some(term) = term {
-                let held = sqlx::query(FENCE_SQL).bind(to_db(term)).execute(&mut *tx).await?;
-                if held.rows_affected() != 1 {
-                    return Err(StoreError::Deposed);
-                }
-            }
+            check_term!(tx, term);
             let claimed = sqlx::query(sql)
                 .bind(&seen.task_id)
                 .bind(i64::from(seen.attempt))

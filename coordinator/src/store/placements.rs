@@ -2,7 +2,7 @@
 //! transaction (one commit, one fence check), each with its attempt row and
 //! its outbox row.
 
-use super::{to_db, with_pool, Backend, Store, StoreError, FENCE_SQL};
+use super::{check_term, to_db, with_pool, Backend, Store, StoreError};
 use crate::live::task_change;
 use crate::task::TaskStatus;
 use starling_api::TaskChange;
@@ -66,12 +66,7 @@ impl Store {
             .collect();
         let assigned = with_pool!(self, pool => {
             let mut tx = pool.begin().await?;
-            if let Some(term) = fence {
-                let held = sqlx::query(FENCE_SQL).bind(to_db(term)).execute(&mut *tx).await?;
-                if held.rows_affected() != 1 {
-                    return Err(StoreError::Deposed);
-                }
-            }
+            check_term!(tx, fence);
             let mut assigned = Vec::with_capacity(placements.len());
             for (placement, explanation) in placements.iter().zip(&explanations) {
                 let updated = sqlx::query(update)

@@ -8,7 +8,7 @@ use starling_proto::{Digest, Runtime};
 
 use super::placements::Placement;
 use super::{
-    corrupt, from_db, to_db, with_pool, Backend, Store, StoreError, TaskRow, FENCE_SQL,
+    check_term, corrupt, from_db, to_db, with_pool, Backend, Store, StoreError, TaskRow,
     TASK_COLUMNS,
 };
 use crate::live::task_change;
@@ -388,12 +388,7 @@ impl Store {
         let fence = self.fence()?;
         let lost = with_pool!(self, pool => {
             let mut tx = pool.begin().await?;
-            if let Some(term) = fence {
-                let held = sqlx::query(FENCE_SQL).bind(to_db(term)).execute(&mut *tx).await?;
-                if held.rows_affected() != 1 {
-                    return Err(StoreError::Deposed);
-                }
-            }
+            check_term!(tx, fence);
             sqlx::query(mark_attempts).bind(node_id).bind(to_db(now_ms)).execute(&mut *tx).await?;
             let rows: Vec<(String, i64, i64)> =
                 sqlx::query_as(select).bind(node_id).fetch_all(&mut *tx).await?;
@@ -501,12 +496,7 @@ impl Store {
         let fence = self.fence()?;
         let ended = with_pool!(self, pool => {
             let mut tx = pool.begin().await?;
-            if let Some(term) = fence {
-                let held = sqlx::query(FENCE_SQL).bind(to_db(term)).execute(&mut *tx).await?;
-                if held.rows_affected() != 1 {
-                    return Err(StoreError::Deposed);
-                }
-            }
+            check_term!(tx, fence);
             let row: Option<(i64,)> = sqlx::query_as(select)
                 .bind(task_id)
                 .bind(i64::from(attempt))
