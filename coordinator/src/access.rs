@@ -705,6 +705,23 @@ mod tests {
     }
 
     #[test]
+    fn lookups_of_unknown_nodes_are_bounded_per_node_and_per_second() {
+        let access = MqttAccess::new(INTERNAL_MQTT_USER);
+        let t = 1_000_000;
+        assert!(access.may_look_up("n1", t));
+        assert!(!access.may_look_up("n1", t + 999), "once a second per node");
+        assert!(access.may_look_up("n1", t + 1_000));
+        // Messages naming ever new ids (a development broker lets anyone
+        // publish) get at most LOOKUPS_PER_SECOND lookups a second.
+        let second = t + 5_000;
+        let allowed = (0..1_000)
+            .filter(|i| access.may_look_up(&format!("forged-{i}"), second))
+            .count();
+        assert_eq!(allowed, LOOKUPS_PER_SECOND as usize);
+        assert!(access.may_look_up("forged-next", second + 1_000), "a new second");
+    }
+
+    #[test]
     fn report_keys_are_cached_and_an_unusable_one_verifies_nothing() {
         let access = MqttAccess::new(INTERNAL_MQTT_USER);
         let key = ed25519_dalek::SigningKey::from_bytes(&[3; 32])
