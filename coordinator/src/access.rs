@@ -718,7 +718,10 @@ mod tests {
             .filter(|i| access.may_look_up(&format!("forged-{i}"), second))
             .count();
         assert_eq!(allowed, LOOKUPS_PER_SECOND as usize);
-        assert!(access.may_look_up("forged-next", second + 1_000), "a new second");
+        assert!(
+            access.may_look_up("forged-next", second + 1_000),
+            "a new second"
+        );
     }
 
     #[test]
