@@ -150,6 +150,8 @@ pub(crate) struct Counters {
     pub(crate) messages_handled: std::sync::atomic::AtomicU64,
     pub(crate) messages_ignored: std::sync::atomic::AtomicU64,
     pub(crate) duplicate_events: std::sync::atomic::AtomicU64,
+    /// Transactions that recorded task events (several events each under load).
+    pub(crate) event_batches: std::sync::atomic::AtomicU64,
     pub(crate) assignments_published: std::sync::atomic::AtomicU64,
     /// Sends of assignments past the first (unacknowledged ones re-sent).
     pub(crate) assignments_resent: std::sync::atomic::AtomicU64,

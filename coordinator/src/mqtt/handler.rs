@@ -11,7 +11,8 @@ use std::time::Duration;
 use tokio::sync::mpsc;
 
 use super::inbound::IngestError;
-use super::ingest::{handle_message, Handled, Ingest, Received};
+use super::inbound::Inbound;
+use super::ingest::{admit, apply_report, handle_events, Admitted, Handled, Ingest, Received};
 use crate::domain::reports::ReportRefused;
 use crate::store::EventOutcome;
 use crate::Counters;
@@ -20,6 +21,10 @@ use crate::Counters;
 /// database round trips, within the store's pool (4 SQLite, 8 PostgreSQL
 /// connections).
 const WORKERS: usize = 4;
+
+/// Most messages a worker takes at once, and so most events recorded in
+/// one transaction.
+const BATCH: usize = 128;
 
 /// Messages waiting for one worker; when full, the dispatcher waits, and
 /// with it the MQTT loop (the broker then queues for the coordinator).
@@ -134,35 +139,98 @@ fn worker_of(topic: &str) -> usize {
     (hasher.finish() % WORKERS as u64) as usize
 }
 
-/// Applies one worker's messages one at a time, in arrival order.
+/// Applies one worker's messages in arrival order, taking what has queued
+/// up (at most [`BATCH`] at a time): the events among them are recorded in
+/// one transaction (group commit), so the database's commits do not bound
+/// how many events a second ingest takes.
 async fn run_worker(ingest: Ingest, mut messages: mpsc::Receiver<Received>) {
     let mut budget = LogBudget::new();
-    while let Some(message) = messages.recv().await {
-        let handled =
-            handle_message(&ingest, &message.topic, &message.payload, message.retained).await;
-        match handled {
-            Ok(handled) => {
-                if handled == Handled::Event(EventOutcome::Duplicate) {
-                    Counters::increment(&ingest.counters.duplicate_events);
+    let mut batch = Vec::with_capacity(BATCH);
+    while messages.recv_many(&mut batch, BATCH).await > 0 {
+        let now_ms = crate::task::unix_now_ms();
+        let mut events = Vec::new();
+        let mut event_topics = Vec::new();
+        for message in batch.drain(..) {
+            let admitted = admit(
+                &ingest,
+                &message.topic,
+                &message.payload,
+                message.retained,
+                now_ms,
+            )
+            .await;
+            match admitted {
+                Err(error) => count(&ingest, &mut budget, &message.topic, Err(error)),
+                Ok(Admitted {
+                    inbound: Inbound::Event(event),
+                    mark,
+                }) => {
+                    events.push((event, mark));
+                    event_topics.push(message.topic);
                 }
-                Counters::increment(&ingest.counters.messages_handled);
-                tracing::debug!(topic = %message.topic, ?handled, "message handled")
-            }
-            Err(error) => {
-                Counters::increment(&ingest.counters.messages_ignored);
-                if let IngestError::Refused(refused) = &error {
-                    let reason = ReportRefused::REASONS
-                        .iter()
-                        .position(|reason| *reason == refused.reason());
-                    if let Some(counter) =
-                        reason.and_then(|i| ingest.counters.reports_refused.get(i))
-                    {
-                        Counters::increment(counter);
+                Ok(Admitted { inbound, mark }) => {
+                    // A report with lasting effects (a durable mark, a node
+                    // going offline) waits for the node's earlier events, so
+                    // the store sees one node's messages in their order.
+                    // Telemetry only changes the registry: it does not wait.
+                    if mark.is_some() || !matches!(inbound, Inbound::Telemetry(..)) {
+                        flush(&ingest, &mut budget, &mut events, &mut event_topics, now_ms).await;
                     }
+                    let handled = apply_report(&ingest, inbound, mark, now_ms).await;
+                    count(&ingest, &mut budget, &message.topic, handled);
                 }
-                if budget.allow() {
-                    tracing::warn!(topic = %message.topic, %error, "message ignored");
+            }
+        }
+        flush(&ingest, &mut budget, &mut events, &mut event_topics, now_ms).await;
+    }
+}
+
+/// Records the events gathered so far in one transaction and counts what
+/// became of each.
+async fn flush(
+    ingest: &Ingest,
+    budget: &mut LogBudget,
+    events: &mut Vec<(starling_proto::TaskEvent, Option<crate::store::ReportMark>)>,
+    topics: &mut Vec<String>,
+    now_ms: u64,
+) {
+    if events.is_empty() {
+        return;
+    }
+    Counters::increment(&ingest.counters.event_batches);
+    let handled = handle_events(ingest, std::mem::take(events), now_ms).await;
+    for (topic, handled) in topics.drain(..).zip(handled) {
+        count(ingest, budget, &topic, handled);
+    }
+}
+
+/// Counts (and, within the log budget, logs) what handling one message did.
+fn count(
+    ingest: &Ingest,
+    budget: &mut LogBudget,
+    topic: &str,
+    handled: Result<Handled, IngestError>,
+) {
+    match handled {
+        Ok(handled) => {
+            if handled == Handled::Event(EventOutcome::Duplicate) {
+                Counters::increment(&ingest.counters.duplicate_events);
+            }
+            Counters::increment(&ingest.counters.messages_handled);
+            tracing::debug!(topic, ?handled, "message handled")
+        }
+        Err(error) => {
+            Counters::increment(&ingest.counters.messages_ignored);
+            if let IngestError::Refused(refused) = &error {
+                let reason = ReportRefused::REASONS
+                    .iter()
+                    .position(|reason| *reason == refused.reason());
+                if let Some(counter) = reason.and_then(|i| ingest.counters.reports_refused.get(i)) {
+                    Counters::increment(counter);
                 }
+            }
+            if budget.allow() {
+                tracing::warn!(topic, %error, "message ignored");
             }
         }
     }

@@ -24,11 +24,10 @@ use tokio::sync::{mpsc, watch};
 pub use super::inbound::IngestError;
 use super::inbound::{parse_inbound, Inbound, Senders};
 use crate::access::MqttAccess;
-use crate::domain::reports::ReportMarks;
-use crate::domain::reports::Sender;
+use crate::domain::reports::{ReportMarks, Sender};
 use crate::mqtt::client::MqttClient;
 use crate::registry::{NodeRegistry, RegistryChange};
-use crate::store::{EventOutcome, Store};
+use crate::store::{EventOutcome, EventToRecord, ReportMark, Store};
 use crate::task::{unix_now_ms, TaskStatus};
 use crate::Counters;
 use starling_api::{NodeChangeKind, TelemetrySample};
@@ -198,42 +197,27 @@ impl Senders for KnownSenders<'_> {
     }
 }
 
-/// Raises the mark of an accepted report before it is applied, so it cannot
-/// be accepted twice whatever applying it does; durable for every channel
-/// but telemetry (see `ReportMarks`).
-async fn raise_mark(
-    ingest: &Ingest,
-    node: &NodeId,
-    channel: ReportChannel,
-    counter: u64,
-) -> Result<(), IngestError> {
-    let durable = ingest
-        .report_marks
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
-        .raise(node, channel, counter);
-    if durable {
-        ingest
-            .store
-            .raise_report_mark(
-                node.as_str(),
-                crate::domain::reports::channel_name(channel),
-                counter,
-            )
-            .await?;
-    }
-    Ok(())
+/// A message that passed every check (sender, signature, counter), not yet
+/// applied.
+pub(crate) struct Admitted {
+    /// What it says.
+    pub(crate) inbound: Inbound,
+    /// Its report counter, to be kept durably as the node's highest on its
+    /// channel (every channel but telemetry; see `ReportMarks`).
+    pub(crate) mark: Option<ReportMark>,
 }
 
-/// Applies one message (`retained`: the broker handed it out as retained).
-/// On any error the registry and the store are unchanged.
-pub(crate) async fn handle_message(
+/// Checks one message (`retained`: the broker handed it out as retained)
+/// and raises its report mark in memory, so the same report cannot be
+/// admitted twice whatever applying it does; the durable mark is written
+/// when it is applied ([`apply_report`], [`handle_events`]).
+pub(crate) async fn admit(
     ingest: &Ingest,
     topic: &str,
     payload: &[u8],
     retained: bool,
-) -> Result<Handled, IngestError> {
-    let now_ms = unix_now_ms();
+    now_ms: u64,
+) -> Result<Admitted, IngestError> {
     // A node enrolled through another replica of the site is not in this
     // process's cache yet: look it up before deciding who sent this.
     if let Some((node, _)) = ingest.topics.parse(topic) {
@@ -250,10 +234,59 @@ pub(crate) async fn handle_message(
         retained,
         &KnownSenders(ingest),
     )?;
-    if let Some((node, channel, counter)) = &accepted.counted {
-        raise_mark(ingest, node, *channel, *counter).await?;
+    let mark = accepted.counted.and_then(|(node, channel, counter)| {
+        let durable = ingest
+            .report_marks
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .raise(&node, channel, counter);
+        durable.then(|| ReportMark {
+            node_id: node.to_string(),
+            channel: crate::domain::reports::channel_name(channel),
+            counter,
+        })
+    });
+    Ok(Admitted {
+        inbound: accepted.inbound,
+        mark,
+    })
+}
+
+/// Applies one message (`retained`: the broker handed it out as retained).
+/// On any error the registry and the store are unchanged. (The workers
+/// admit and apply messages in batches; this is one message's whole path.)
+#[cfg(test)]
+pub(crate) async fn handle_message(
+    ingest: &Ingest,
+    topic: &str,
+    payload: &[u8],
+    retained: bool,
+) -> Result<Handled, IngestError> {
+    let now_ms = unix_now_ms();
+    let admitted = admit(ingest, topic, payload, retained, now_ms).await?;
+    apply_report(ingest, admitted.inbound, admitted.mark, now_ms).await
+}
+
+/// Applies an admitted report other than an event: to the registry, and
+/// what follows from it (a node that went offline has its work requeued).
+pub(crate) async fn apply_report(
+    ingest: &Ingest,
+    inbound: Inbound,
+    mark: Option<ReportMark>,
+    now_ms: u64,
+) -> Result<Handled, IngestError> {
+    if let Inbound::Event(event) = inbound {
+        let mut handled = handle_events(ingest, vec![(event, mark)], now_ms).await;
+        // One event in, one answer out; the fallback is never taken.
+        return handled.pop().unwrap_or(Ok(Handled::Cleared));
     }
-    let change = match accepted.inbound {
+    if let Some(mark) = mark {
+        ingest
+            .store
+            .raise_report_mark(&mark.node_id, mark.channel, mark.counter)
+            .await?;
+    }
+    let change = match inbound {
         Inbound::Cleared => return Ok(Handled::Cleared),
         Inbound::Capability(node, capability) => {
             ingest
@@ -269,7 +302,8 @@ pub(crate) async fn handle_message(
             .registry
             .write()
             .apply_status(&node, status, now_ms)?,
-        Inbound::Event(event) => return handle_event(ingest, event, now_ms).await,
+        // Taken above.
+        Inbound::Event(_) => return Ok(Handled::Cleared),
     };
     announce(ingest, &change, now_ms);
     match &change {
@@ -396,15 +430,74 @@ fn works_on(state: TaskState) -> bool {
     matches!(state, TaskState::Accepted | TaskState::Running)
 }
 
-async fn handle_event(
+/// Records admitted events (with their report marks) in one transaction
+/// and answers each: one result per event, in order. When the batch's
+/// transaction fails, each event is tried alone, so one that the store
+/// cannot take holds up none of the others.
+pub(crate) async fn handle_events(
+    ingest: &Ingest,
+    events: Vec<(TaskEvent, Option<ReportMark>)>,
+    now_ms: u64,
+) -> Vec<Result<Handled, IngestError>> {
+    let batch: Vec<EventToRecord<'_>> = events
+        .iter()
+        .map(|(event, mark)| EventToRecord {
+            event,
+            mark: mark.clone(),
+        })
+        .collect();
+    let outcomes: Vec<Result<EventOutcome, IngestError>> = match ingest
+        .store
+        .record_events(&batch, now_ms, ingest.max_attempts)
+        .await
+    {
+        Ok(outcomes) => outcomes.into_iter().map(Ok).collect(),
+        Err(error) if batch.len() == 1 => vec![Err(error.into())],
+        Err(error) => {
+            tracing::warn!(%error, events = batch.len(), "recording a batch of events failed; recording them one by one");
+            let mut outcomes = Vec::with_capacity(batch.len());
+            for item in &batch {
+                outcomes.push(record_alone(ingest, item, now_ms).await);
+            }
+            outcomes
+        }
+    };
+    let mut handled = Vec::with_capacity(events.len());
+    for ((event, _), outcome) in events.into_iter().zip(outcomes) {
+        handled.push(match outcome {
+            Ok(outcome) => answer_event(ingest, event, outcome).await,
+            Err(error) => Err(error),
+        });
+    }
+    handled
+}
+
+/// Records one event on its own, its mark first (two commits: the path
+/// taken only when a batch failed).
+async fn record_alone(
+    ingest: &Ingest,
+    item: &EventToRecord<'_>,
+    now_ms: u64,
+) -> Result<EventOutcome, IngestError> {
+    if let Some(mark) = &item.mark {
+        ingest
+            .store
+            .raise_report_mark(&mark.node_id, mark.channel, mark.counter)
+            .await?;
+    }
+    Ok(ingest
+        .store
+        .record_event(item.event, now_ms, ingest.max_attempts)
+        .await?)
+}
+
+/// Answers a recorded event: its acknowledgement, and what its outcome
+/// asks for (a cancel of stale work, a wake-up of the scheduler).
+async fn answer_event(
     ingest: &Ingest,
     event: TaskEvent,
-    now_ms: u64,
+    outcome: EventOutcome,
 ) -> Result<Handled, IngestError> {
-    let outcome = ingest
-        .store
-        .record_event(&event, now_ms, ingest.max_attempts)
-        .await?;
     // Recorded (or known already, or about a task that does not exist): the
     // agent may forget it.
     let ack = EventAck {

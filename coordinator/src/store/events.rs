@@ -84,6 +84,28 @@ pub enum EventOutcome {
     UnknownTask,
 }
 
+/// One event for [`Store::record_events`], with the report mark that came
+/// with it (raised in the same transaction).
+#[derive(Debug, Clone)]
+pub struct EventToRecord<'a> {
+    /// The event, as the node reported it.
+    pub event: &'a TaskEvent,
+    /// The signed report's counter to record as the node's highest on its
+    /// channel, when the report was signed.
+    pub mark: Option<ReportMark>,
+}
+
+/// A report counter to keep as a node's highest on one channel.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReportMark {
+    /// The node.
+    pub node_id: String,
+    /// The channel's stored name (`crate::domain::reports::channel_name`).
+    pub channel: &'static str,
+    /// The counter.
+    pub counter: u64,
+}
+
 /// An `events` row.
 #[derive(sqlx::FromRow)]
 struct EventRow {
@@ -154,7 +176,27 @@ impl EventRow {
 }
 
 impl Store {
-    /// Records an agent's event once and applies it to the task's state.
+    /// Records an agent's event once and applies it to the task's state:
+    /// [`Store::record_events`] with a batch of one.
+    pub async fn record_event(
+        &self,
+        event: &TaskEvent,
+        now_ms: u64,
+        max_attempts: u32,
+    ) -> Result<EventOutcome, StoreError> {
+        let mut outcomes = self
+            .record_events(&[EventToRecord { event, mark: None }], now_ms, max_attempts)
+            .await?;
+        // `record_events` answers one outcome per event (or an error), so the
+        // fallback is never taken.
+        Ok(outcomes.pop().unwrap_or(EventOutcome::UnknownTask))
+    }
+
+    /// Records agents' events, each once, applies them to their tasks' states
+    /// in order, and raises the report marks that came with them: all in one
+    /// transaction (group commit), so a burst of events costs one commit
+    /// rather than one each. Returns one outcome per event, in order; when
+    /// the transaction fails, nothing of the batch is recorded.
     ///
     /// Redeliveries of the same task, attempt and state are recognised by the
     /// events table's key and change nothing. Any event other than `rejected`
@@ -173,13 +215,20 @@ impl Store {
     /// (`max_attempts`). States only move forward: a task that ended stays ended.
     ///
     /// These rules are [`crate::domain::reconcile()`]'s; this reads the rows it
-    /// looks at and applies its answer in one transaction.
-    pub async fn record_event(
+    /// looks at and applies its answer. Each event has its own savepoint, so
+    /// one that records nothing leaves no trace while the others stand.
+    pub async fn record_events(
         &self,
-        event: &TaskEvent,
+        batch: &[EventToRecord<'_>],
         now_ms: u64,
         max_attempts: u32,
-    ) -> Result<EventOutcome, StoreError> {
+    ) -> Result<Vec<EventOutcome>, StoreError> {
+        if batch.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mark_sql = "INSERT INTO report_marks (node_id, channel, counter) VALUES ($1, $2, $3) \
+                        ON CONFLICT (node_id, channel) DO UPDATE SET counter = excluded.counter \
+                        WHERE excluded.counter > report_marks.counter";
         let touch = "UPDATE tasks SET updated_ms = $2 WHERE id = $1";
         let insert = "INSERT INTO events (task_id, attempt, state, node_id, received_ms, reason, message, \
                       exit_code, output_bytes, metrics, power) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11) \
@@ -194,148 +243,168 @@ impl Store {
             "UPDATE attempts SET state = $3, finished_ms = $4 WHERE task_id = $1 AND attempt = $2";
         let clear_outbox = "DELETE FROM outbox WHERE task_id = $1";
 
-        let task_id = event.task_id.as_str();
-        let node = event.node_id.as_str();
-        let state_name = event_state_name(event.state);
-        let reason = event.reason.map(failure_reason_name);
-        let message = event.message.as_ref().map(|m| m.as_str().to_string());
-        let metrics = event
-            .metrics
-            .as_ref()
-            .and_then(|metrics| serde_json::to_string(metrics).ok());
-        let power = event
-            .power
-            .as_ref()
-            .and_then(|power| serde_json::to_string(power).ok());
-        let event_facts = EventFacts {
-            node,
-            attempt: event.attempt,
-            state: event.state,
-            reason: event.reason,
-        };
-
-        let outcome = with_pool!(self, pool => {
-            // The write first, so that SQLite takes its write lock before the reads.
+        let mut outcomes = Vec::with_capacity(batch.len());
+        let mut changes = Vec::new();
+        with_pool!(self, pool => {
             let mut tx = pool.begin().await?;
-            let touched = sqlx::query(touch)
-                .bind(task_id)
-                .bind(to_db(now_ms))
-                .execute(&mut *tx)
-                .await?
-                .rows_affected();
-            if touched == 0 {
-                tx.rollback().await?;
-                return Ok(EventOutcome::UnknownTask);
-            }
-            // A forwarded attempt has no node (NULL): no event of a node
-            // of this site is its owner's.
-            let assigned_to: Option<(Option<String>,)> = sqlx::query_as(attempt_node)
-                .bind(task_id)
-                .bind(i64::from(event.attempt))
-                .fetch_optional(&mut *tx)
-                .await?;
-            // Read before the event's own rows are written; those touch
-            // neither the task nor its attempts, so this is the task as it
-            // stands when the event arrives.
-            let row: TaskRow = sqlx::query_as(&select).bind(task_id).fetch_one(&mut *tx).await?;
-            let task = row.into_record()?;
-            let task_facts = TaskFacts {
-                status: task.status,
-                attempt: task.attempt,
-                node: task.node_id.as_deref(),
-                cancel_requested: task.cancel_requested,
-            };
-            let assigned = assigned_to.as_ref().and_then(|(assigned,)| assigned.as_deref());
-            let decision = reconcile(&task_facts, assigned, &event_facts, max_attempts);
-            if !decision.records_event() {
-                tx.rollback().await?;
-                return Ok(EventOutcome::NotAssigned);
-            }
-            let inserted = sqlx::query(insert)
-                .bind(task_id)
-                .bind(i64::from(event.attempt))
-                .bind(state_name)
-                .bind(node)
-                .bind(to_db(now_ms))
-                .bind(reason.as_deref())
-                .bind(message.as_deref())
-                .bind(event.exit_code.map(i64::from))
-                .bind(to_db(event.output.len() as u64))
-                .bind(metrics.as_deref())
-                .bind(power.as_deref())
-                .execute(&mut *tx)
-                .await?
-                .rows_affected();
-            if inserted == 0 {
-                tx.rollback().await?;
-                return Ok(EventOutcome::Duplicate);
-            }
-            if decision.acknowledges() {
-                sqlx::query(acknowledge)
-                    .bind(task_id)
-                    .bind(i64::from(event.attempt))
-                    .bind(node)
+            // The marks first: a write, so that SQLite takes its write lock
+            // before any read (the events' own statements write first too).
+            for mark in batch.iter().filter_map(|item| item.mark.as_ref()) {
+                sqlx::query(mark_sql)
+                    .bind(&mark.node_id)
+                    .bind(mark.channel)
+                    .bind(to_db(mark.counter))
                     .execute(&mut *tx)
                     .await?;
             }
-            let Some(change) = decision.update() else {
-                tx.commit().await?;
-                return Ok(match decision {
-                    Reconciliation::Stale { .. } => EventOutcome::Stale { status: task.status },
-                    _ => EventOutcome::Recorded { status: task.status, changed: false },
-                });
-            };
-            let (output, exit_code, failure_reason, failure_message) = match change.result {
-                ResultUpdate::Output => (Some(event.output.clone()), event.exit_code, None, None),
-                ResultUpdate::Failure => (None, event.exit_code, reason.clone(), message.clone()),
-                ResultUpdate::Keep => (task.output.clone(), task.exit_code, task.failure_reason.clone(), task.failure_message.clone()),
-            };
-            let node_id = match change.node {
-                NodeAfter::Sender => Some(node),
-                NodeAfter::Cleared => None,
-            };
-            sqlx::query(update)
-                .bind(task_id)
-                .bind(change.status.as_str())
-                .bind(output)
-                .bind(exit_code.map(i64::from))
-                .bind(failure_reason)
-                .bind(failure_message)
-                .bind(node_id)
-                .execute(&mut *tx)
-                .await?;
-            let finished = change.attempt_ended.then(|| to_db(now_ms));
-            sqlx::query(update_attempt)
-                .bind(task_id)
-                .bind(i64::from(event.attempt))
-                .bind(event_state_name(change.attempt_state))
-                .bind(finished)
-                .execute(&mut *tx)
-                .await?;
-            if change.attempt_ended {
-                // Nothing is left to deliver for an ended or requeued task.
-                sqlx::query(clear_outbox).bind(task_id).execute(&mut *tx).await?;
+            for EventToRecord { event, .. } in batch {
+                let task_id = event.task_id.as_str();
+                let node = event.node_id.as_str();
+                let state_name = event_state_name(event.state);
+                let reason = event.reason.map(failure_reason_name);
+                let message = event.message.as_ref().map(|m| m.as_str().to_string());
+                let metrics = event
+                    .metrics
+                    .as_ref()
+                    .and_then(|metrics| serde_json::to_string(metrics).ok());
+                let power = event
+                    .power
+                    .as_ref()
+                    .and_then(|power| serde_json::to_string(power).ok());
+                let event_facts = EventFacts {
+                    node,
+                    attempt: event.attempt,
+                    state: event.state,
+                    reason: event.reason,
+                };
+                let mut sp = sqlx::Connection::begin(&mut *tx).await?;
+                // `(outcome, keep)`: whether the savepoint's writes stand.
+                let (outcome, keep) = 'event: {
+                    // The write first, so that SQLite takes its write lock before the reads.
+                    let touched = sqlx::query(touch)
+                        .bind(task_id)
+                        .bind(to_db(now_ms))
+                        .execute(&mut *sp)
+                        .await?
+                        .rows_affected();
+                    if touched == 0 {
+                        break 'event (EventOutcome::UnknownTask, false);
+                    }
+                    // A forwarded attempt has no node (NULL): no event of a node
+                    // of this site is its owner's.
+                    let assigned_to: Option<(Option<String>,)> = sqlx::query_as(attempt_node)
+                        .bind(task_id)
+                        .bind(i64::from(event.attempt))
+                        .fetch_optional(&mut *sp)
+                        .await?;
+                    // Read before the event's own rows are written; those touch
+                    // neither the task nor its attempts, so this is the task as it
+                    // stands when the event arrives.
+                    let row: TaskRow = sqlx::query_as(&select).bind(task_id).fetch_one(&mut *sp).await?;
+                    let task = row.into_record()?;
+                    let task_facts = TaskFacts {
+                        status: task.status,
+                        attempt: task.attempt,
+                        node: task.node_id.as_deref(),
+                        cancel_requested: task.cancel_requested,
+                    };
+                    let assigned = assigned_to.as_ref().and_then(|(assigned,)| assigned.as_deref());
+                    let decision = reconcile(&task_facts, assigned, &event_facts, max_attempts);
+                    if !decision.records_event() {
+                        break 'event (EventOutcome::NotAssigned, false);
+                    }
+                    let inserted = sqlx::query(insert)
+                        .bind(task_id)
+                        .bind(i64::from(event.attempt))
+                        .bind(state_name)
+                        .bind(node)
+                        .bind(to_db(now_ms))
+                        .bind(reason.as_deref())
+                        .bind(message.as_deref())
+                        .bind(event.exit_code.map(i64::from))
+                        .bind(to_db(event.output.len() as u64))
+                        .bind(metrics.as_deref())
+                        .bind(power.as_deref())
+                        .execute(&mut *sp)
+                        .await?
+                        .rows_affected();
+                    if inserted == 0 {
+                        break 'event (EventOutcome::Duplicate, false);
+                    }
+                    if decision.acknowledges() {
+                        sqlx::query(acknowledge)
+                            .bind(task_id)
+                            .bind(i64::from(event.attempt))
+                            .bind(node)
+                            .execute(&mut *sp)
+                            .await?;
+                    }
+                    let Some(change) = decision.update() else {
+                        break 'event (match decision {
+                            Reconciliation::Stale { .. } => EventOutcome::Stale { status: task.status },
+                            _ => EventOutcome::Recorded { status: task.status, changed: false },
+                        }, true);
+                    };
+                    let (output, exit_code, failure_reason, failure_message) = match change.result {
+                        ResultUpdate::Output => (Some(event.output.clone()), event.exit_code, None, None),
+                        ResultUpdate::Failure => (None, event.exit_code, reason.clone(), message.clone()),
+                        ResultUpdate::Keep => (task.output.clone(), task.exit_code, task.failure_reason.clone(), task.failure_message.clone()),
+                    };
+                    let node_id = match change.node {
+                        NodeAfter::Sender => Some(node),
+                        NodeAfter::Cleared => None,
+                    };
+                    sqlx::query(update)
+                        .bind(task_id)
+                        .bind(change.status.as_str())
+                        .bind(output)
+                        .bind(exit_code.map(i64::from))
+                        .bind(failure_reason)
+                        .bind(failure_message)
+                        .bind(node_id)
+                        .execute(&mut *sp)
+                        .await?;
+                    let finished = change.attempt_ended.then(|| to_db(now_ms));
+                    sqlx::query(update_attempt)
+                        .bind(task_id)
+                        .bind(i64::from(event.attempt))
+                        .bind(event_state_name(change.attempt_state))
+                        .bind(finished)
+                        .execute(&mut *sp)
+                        .await?;
+                    if change.attempt_ended {
+                        // Nothing is left to deliver for an ended or requeued task.
+                        sqlx::query(clear_outbox).bind(task_id).execute(&mut *sp).await?;
+                    }
+                    let changed = change.status != task.status;
+                    if changed {
+                        changes.push(TaskChange {
+                            task_id: task_id.to_owned(),
+                            status: change.status,
+                            attempt: event.attempt,
+                            node_id: node_id.map(str::to_owned),
+                            site: None,
+                            power_level: task.power_level,
+                            reason: reason.clone().filter(|_| change.status == TaskStatus::Failed),
+                            at_ms: now_ms,
+                        });
+                    }
+                    (EventOutcome::Recorded { status: change.status, changed }, true)
+                };
+                if keep {
+                    sp.commit().await?;
+                } else {
+                    sp.rollback().await?;
+                }
+                outcomes.push(outcome);
             }
             tx.commit().await?;
-            let changed = change.status != task.status;
-            if changed {
-                self.announce(TaskChange {
-                    task_id: task_id.to_owned(),
-                    status: change.status,
-                    attempt: event.attempt,
-                    node_id: node_id.map(str::to_owned),
-                    site: None,
-                    power_level: task.power_level,
-                    reason: reason.clone().filter(|_| change.status == TaskStatus::Failed),
-                    at_ms: now_ms,
-                });
-            }
-            Ok::<EventOutcome, StoreError>(EventOutcome::Recorded {
-                status: change.status,
-                changed,
-            })
-        })?;
-        Ok(outcome)
+        });
+        // Announced once committed: nothing a crash could take back.
+        for change in changes {
+            self.announce(change);
+        }
+        Ok(outcomes)
     }
 
     /// A task's events, oldest first; events received in the same millisecond

@@ -36,7 +36,9 @@ mod placements;
 mod precompiled;
 mod tasks;
 
-pub use events::{failure_reason_name, AttemptRecord, EventOutcome, EventRecord};
+pub use events::{
+    failure_reason_name, AttemptRecord, EventOutcome, EventRecord, EventToRecord, ReportMark,
+};
 pub use lease::LeaderTerm;
 pub(crate) use lease::FENCE_SQL;
 pub use outbox::OutboxEntry;

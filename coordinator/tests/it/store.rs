@@ -5,7 +5,9 @@ use crate::common;
 
 use sha2::{Digest as _, Sha256};
 use starling_api::{TaskDemand, TaskKind, TaskLimits, TaskStatus};
-use starling_coordinator::store::{CancelOutcome, EventOutcome, NewTask, Store};
+use starling_coordinator::store::{
+    CancelOutcome, EventOutcome, EventToRecord, NewTask, ReportMark, Store,
+};
 use starling_proto::{Digest, FailureReason, NodeId, Runtime, TaskEvent, TaskId, TaskState};
 
 const MAX_ATTEMPTS: u32 = 3;
@@ -460,6 +462,70 @@ mod redeliveries {
                     None => assert!(once.0.is_in_flight(), "{:?}", once.0),
                 }
                 store.close().await;
+            });
+        }
+
+        /// Group commit changes nothing of the rules: any sequence of events
+        /// (two nodes, two attempts, a task that does not exist) recorded as
+        /// one batch gives the outcomes, the task and the history that
+        /// recording them one by one gives, and raises the batch's marks.
+        #[test]
+        fn a_batch_records_what_one_by_one_records(
+            sequence in proptest::collection::vec((1u32..=2, prop_oneof![Just("n"), Just("m")], state_strategy(), any::<bool>()), 1..16)
+        ) {
+            let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+            runtime.block_on(async {
+                let dir = tempfile::tempdir().unwrap();
+                let mut stores = Vec::new();
+                for name in ["one.db", "batch.db"] {
+                    let store = Store::open(&format!("sqlite://{}", dir.path().join(name).display())).await.unwrap();
+                    let bytes = common::minimal_wasm();
+                    let digest = Digest(Sha256::digest(&bytes).into());
+                    store.put_artifact(&digest, &bytes, Runtime::Wasm, 0).await.unwrap();
+                    store.insert_task(&new_task("t", digest, 0)).await.unwrap();
+                    assert!(store.assign_task("t", 1, "n", 0, &serde_json::json!({}), 1).await.unwrap());
+                    stores.push(store);
+                }
+                let events: Vec<TaskEvent> = sequence
+                    .iter()
+                    .map(|(attempt, node, state, known)| {
+                        let mut event = event(if *known { "t" } else { "no-such-task" }, *attempt, node, *state);
+                        event.output = format!("{attempt}{state:?}").into_bytes();
+                        event
+                    })
+                    .collect();
+                let mut one_by_one = Vec::new();
+                for event in &events {
+                    one_by_one.push(stores[0].record_event(event, 2, MAX_ATTEMPTS).await.unwrap());
+                }
+                let batch: Vec<EventToRecord<'_>> = events
+                    .iter()
+                    .enumerate()
+                    .map(|(i, event)| EventToRecord {
+                        event,
+                        mark: Some(ReportMark { node_id: event.node_id.to_string(), channel: "events", counter: 100 + i as u64 }),
+                    })
+                    .collect();
+                let batched = stores[1].record_events(&batch, 2, MAX_ATTEMPTS).await.unwrap();
+                assert_eq!(batched, one_by_one);
+                assert_eq!(snapshot(&stores[1]).await, snapshot(&stores[0]).await);
+                assert_eq!(
+                    stores[1].task("t").await.unwrap().unwrap().updated_ms,
+                    stores[0].task("t").await.unwrap().unwrap().updated_ms,
+                    "an event that records nothing leaves no trace"
+                );
+                let last = |node: &str| events.iter().enumerate().filter(|(_, e)| e.node_id.as_str() == node).map(|(i, _)| 100 + i as u64).max();
+                let mut expected: Vec<(String, String, u64)> = ["m", "n"]
+                    .into_iter()
+                    .filter_map(|node| Some((node.to_string(), "events".to_string(), last(node)?)))
+                    .collect();
+                expected.sort();
+                let mut marks = stores[1].report_marks().await.unwrap();
+                marks.sort();
+                assert_eq!(marks, expected);
+                for store in stores {
+                    store.close().await;
+                }
             });
         }
     }

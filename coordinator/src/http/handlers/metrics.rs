@@ -198,6 +198,12 @@ pub(crate) async fn metrics(State(shared): State<Arc<Shared>>) -> Result<Respons
         &[(String::new(), counters.duplicate_events.load(Relaxed))],
     );
     metric(
+        "starling_task_event_batches_total",
+        "counter",
+        "Transactions that recorded task events: ingest records the events waiting for it together (group commit).",
+        &[(String::new(), counters.event_batches.load(Relaxed))],
+    );
+    metric(
         "starling_assignments_published_total",
         "counter",
         "Assignments published to nodes.",
