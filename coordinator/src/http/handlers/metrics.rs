@@ -32,6 +32,7 @@ pub(crate) const SERIES: &[&str] = &[
     "starling_mqtt_messages_ignored_total",
     "starling_reports_refused_total",
     "starling_task_events_duplicate_total",
+    "starling_task_event_batches_total",
     "starling_assignments_published_total",
     "starling_assignments_resent_total",
     "starling_assignments_rejected_total",
