@@ -594,7 +594,10 @@ pub async fn start(config: CoordinatorConfig) -> Result<Running, StartError> {
         console: http::console::Console::new(config.rest_tls.is_some()),
     });
     let (stop, stop_rx) = watch::channel(false);
-    let (messages_tx, messages_rx) = tokio::sync::mpsc::channel(1024);
+    // Room for a burst of reports (a second of a few thousand nodes): while
+    // this is full the MQTT loop waits, and with it the broker's
+    // acknowledgements of what the coordinator sends.
+    let (messages_tx, messages_rx) = tokio::sync::mpsc::channel(8_192);
 
     let ingest = shared.ingest();
     let mut tasks = Vec::new();

@@ -15,7 +15,8 @@
 //!
 //! `cargo bench --profile dev -p starling-tests --bench fleet -- [--write]
 //! [--only ingest|throughput|failover] [--devices 1000,5000,10000]
-//! [--tasks 10000] [--trials 5]`. With `--write` the table goes into
+//! [--tasks 10000] [--trials 5] [--replicas 1,2,3]`: for throughput, the
+//! first of `--devices` (1,000 unless given). With `--write` the table goes into
 //! BENCHMARKS.md §13.
 #![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
 
@@ -330,6 +331,16 @@ fn throughput(replicas: usize, devices: usize, tasks: usize) -> ThroughputRow {
     let done_s = started.elapsed().as_secs_f64();
     let failed = count("SELECT count(*) FROM tasks WHERE state <> 'succeeded'");
     let rerun = count("SELECT count(*) FROM attempts WHERE state = 'lost'");
+    // What the coordinator had heard of the attempts it gave up on.
+    eprintln!(
+        "fleet: attempts given up, by the events heard of them: {}",
+        db.query(
+            "SELECT coalesce(string_agg(heard || ' ' || n, ', '), 'none') FROM (SELECT heard, count(*) n FROM \
+             (SELECT coalesce((SELECT string_agg(e.state, '+' ORDER BY e.state) FROM events e WHERE e.task_id = a.task_id \
+             AND e.attempt = a.attempt AND e.state <> 'lost'), 'nothing') heard FROM attempts a WHERE a.state = 'lost') x \
+             GROUP BY heard) y"
+        )
+    );
     assert_eq!(
         db.query(
             "SELECT count(*) FROM tasks t WHERE t.state = 'succeeded' AND (SELECT count(*) \
@@ -406,6 +417,10 @@ fn arg(args: &[String], name: &str) -> Option<String> {
 }
 
 fn main() {
+    // Info, not the tests' debug lines: a line per message is load of its own.
+    if std::env::var_os("STARLING_TEST_LOG").is_none() {
+        std::env::set_var("STARLING_TEST_LOG", "info");
+    }
     let args: Vec<String> = std::env::args().collect();
     // `cargo bench` passes --bench; anything else is ours.
     let only = arg(&args, "--only");
@@ -452,9 +467,13 @@ fn main() {
         parts.push(("ingest", table));
     }
     if run("throughput") {
+        let replica_counts: Vec<usize> = arg(&args, "--replicas").map_or(vec![1, 2, 3], |r| {
+            r.split(',').map(|n| n.parse().unwrap()).collect()
+        });
+        let fleet = devices.first().copied().unwrap_or(1_000);
         let mut table = String::new();
         table.push_str(&format!(
-            "**Throughput.** 1,000 enrolled devices (modelled tasks of 10 ms reference work), \
+            "**Throughput.** {fleet} enrolled devices (modelled tasks of 10 ms reference work), \
              one PostgreSQL, one Mosquitto, 32 submitters posting `POST /api/v1/tasks:batch` of \
              50 tasks to the replicas in turn; {tasks} tasks; every task checked to have \
              succeeded exactly once. The ratios are against 135 tasks/s (the single-submit \
@@ -463,9 +482,9 @@ fn main() {
              vs 135/s | vs Nomad C1M | attempts given up and placed again | tasks failed |\n\
              | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n"
         ));
-        for replicas in 1..=3 {
-            eprintln!("fleet: throughput with {replicas} replicas");
-            let row = throughput(replicas, 1_000, tasks);
+        for replicas in replica_counts {
+            eprintln!("fleet: throughput with {replicas} replicas, {fleet} devices");
+            let row = throughput(replicas, fleet, tasks);
             let rate = row.tasks as f64 / row.done_s;
             let line = format!(
                 "| {} | {:.1} s | {:.1} s | {:.1} s | {:.0} | {:.2}× | {:.3}× | {} | {} |\n",

@@ -68,6 +68,13 @@ fn built(name: &str) -> PathBuf {
     path
 }
 
+/// The log filter of the processes the harness starts: `STARLING_TEST_LOG`
+/// when set (benchmarks set `info`: a debug line per message costs the
+/// coordinator what they measure), else Starling's debug lines.
+pub fn log_filter() -> String {
+    std::env::var("STARLING_TEST_LOG").unwrap_or_else(|_| "info,starling=debug".into())
+}
+
 /// The path of one of the workspace's binaries, built on first use.
 pub fn binary(name: &str) -> PathBuf {
     BUILD.call_once(|| {
@@ -513,7 +520,7 @@ impl Coordinator {
         let mut command = Command::new(program);
         command
             .args(args)
-            .env("RUST_LOG", "info,starling=debug")
+            .env("RUST_LOG", log_filter())
             .env_remove("STARLING_URL")
             .env_remove("STARLING_API_TOKEN");
         command
@@ -987,7 +994,7 @@ impl Agent {
             }
             None => Command::new(binary),
         };
-        command.args(args).env("RUST_LOG", "info,starling=debug");
+        command.args(args).env("RUST_LOG", log_filter());
         // A test agent never touches the host's CPU frequency: its sysfs is
         // a directory without cpufreq, so it says power_control none on
         // every host, root or not.

@@ -29,6 +29,18 @@ pub enum ConnectError {
     },
 }
 
+/// Requests (publishes, subscriptions) queued for the MQTT loop. A
+/// scheduling round queues its assignments at once and ingest queues an
+/// acknowledgement per event without waiting (it drops one when this is
+/// full, and the agent sends its event again): room for several rounds and
+/// their events' acknowledgements, so a burst drops none.
+const REQUEST_QUEUE: usize = 8_192;
+
+/// QoS 1 publishes sent and not yet acknowledged by the broker: the loop
+/// stops taking requests past it. Assignments and acknowledgements go out
+/// in bursts of hundreds; rumqttc's default (100) throttled them.
+const MAX_INFLIGHT: u16 = 1_000;
+
 /// How long the coordinator waits for the broker to accept its connection.
 const BROKER_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 
@@ -43,14 +55,15 @@ pub(crate) async fn connect(
     options
         .set_keep_alive(Duration::from_secs(10))
         .set_clean_session(true)
-        .set_max_packet_size(MAX_PACKET_BYTES, MAX_PACKET_BYTES);
+        .set_max_packet_size(MAX_PACKET_BYTES, MAX_PACKET_BYTES)
+        .set_inflight(MAX_INFLIGHT);
     if address.tls {
         options.set_transport(starling_net::tls::transport(tls)?);
     }
     if let Some((username, password)) = login {
         options.set_credentials(username, password);
     }
-    let (client, mut eventloop) = AsyncClient::new(options, 256);
+    let (client, mut eventloop) = AsyncClient::new(options, REQUEST_QUEUE);
     starling_net::mqtt::no_delay(&mut eventloop);
     let unreachable = |reason: String| ConnectError::Unreachable {
         url: address.url(),
