@@ -121,8 +121,8 @@ pub(crate) struct Shared {
     pub(crate) api_token: Option<String>,
     /// Which nodes are revoked; the coordinator's own MQTT user.
     pub(crate) mqtt_access: Arc<access::MqttAccess>,
-    /// The external Mosquitto's password file and ACL, when configured.
-    pub(crate) mosquitto: Option<access::MosquittoFiles>,
+    /// Rewrites Mosquitto's password file and ACL, when the coordinator writes them.
+    pub(crate) mosquitto: Option<access::MosquittoWriter>,
     /// The highest report counter accepted per node and report channel.
     pub(crate) report_marks: Arc<std::sync::Mutex<domain::reports::ReportMarks>>,
     /// Whether nodes without a report key are heard (`--mqtt-allow-anonymous`,
@@ -582,7 +582,7 @@ pub async fn start(config: CoordinatorConfig) -> Result<Running, StartError> {
         max_artifact_bytes: config.max_artifact_bytes,
         api_token: config.api_token.clone(),
         mqtt_access,
-        mosquitto,
+        mosquitto: mosquitto.map(access::MosquittoWriter::new),
         report_marks: Arc::new(std::sync::Mutex::new(report_marks)),
         accept_unsigned_reports: config.mqtt_allow_anonymous,
         wake_scheduler: Arc::new(Notify::new()),

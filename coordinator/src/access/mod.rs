@@ -5,14 +5,26 @@
 //! password) is 32 random bytes shown once; the store keeps only its sha256,
 //! so the database lets nobody in. Lookups compare hashes in constant time.
 //!
-//! [`MosquittoFiles`] writes a password file (`$7$` PBKDF2-SHA512 lines), an
-//! ACL that confines each node to its own topics, and the settings that bind
-//! client ids to logins and bound sizes and queues, then signals Mosquitto to
-//! reload them: the coordinator's own broker (`mqtt::broker`) or an
-//! operator's. Ingest asks [`MqttAccess`] whether a message comes from a
-//! revoked node, and for the key its reports must be signed with.
+//! [`MosquittoFiles`] (`mosquitto`) writes a password file (`$7$`
+//! PBKDF2-SHA512 lines), an ACL that confines each node to its own topics,
+//! and the settings that bind client ids to logins and bound sizes and
+//! queues, then signals Mosquitto to reload them: the coordinator's own
+//! broker (`mqtt::broker`) or an operator's. [`MosquittoWriter`] (`rewrite`)
+//! lets one rewrite cover every enrollment and revocation that arrived while
+//! the previous one ran. Ingest asks [`MqttAccess`] whether a message comes
+//! from a revoked node, and for the key its reports must be signed with.
 
-use std::path::{Path, PathBuf};
+mod mosquitto;
+mod rewrite;
+
+pub(crate) use mosquitto::write_atomically;
+pub use mosquitto::{
+    MosquittoFiles, Reload, MAX_PACKET_BYTES, MOSQUITTO_MAX_QUEUED_BYTES,
+    MOSQUITTO_MAX_QUEUED_MESSAGES, PACKET_HEADROOM_BYTES,
+};
+pub use rewrite::{MosquittoWriter, REWRITE_WAIT};
+
+use std::path::PathBuf;
 use std::sync::RwLock;
 
 use base64::Engine as _;
@@ -63,6 +75,20 @@ pub enum AccessError {
     #[error("cannot signal Mosquitto to reload ({detail}); check --mosquitto-pid-file")]
     Reload {
         /// What went wrong.
+        detail: String,
+    },
+    /// No rewrite of the Mosquitto files covered a change within the wait
+    /// ([`REWRITE_WAIT`]): one is stuck on the disk or the signal.
+    #[error("Mosquitto's password file was not rewritten within {waited:?}; the change is stored and the next rewrite applies it; check the disk under --mosquitto-auth-dir")]
+    RewriteTimedOut {
+        /// How long the change waited.
+        waited: std::time::Duration,
+    },
+    /// A rewrite of the Mosquitto files stopped before it finished (it
+    /// panicked, or the coordinator is shutting down).
+    #[error("the rewrite of Mosquitto's files stopped ({detail}); the change is stored and the next rewrite applies it")]
+    RewriteStopped {
+        /// What stopped it.
         detail: String,
     },
 }
@@ -147,9 +173,10 @@ pub fn new_node_password() -> Result<(String, PasswordHashes), AccessError> {
 }
 
 /// Which nodes are revoked, and the coordinator's own MQTT user: an
-/// in-memory copy of the store's node credentials, refreshed after each
-/// enrollment and revocation. The broker checks logins itself (from
-/// [`MosquittoFiles`]); ingest asks this whether a message's node is revoked.
+/// in-memory copy of the store's node credentials, filled at start and
+/// updated node by node after each enrollment and revocation. The broker
+/// checks logins itself (from [`MosquittoFiles`]); ingest asks this whether
+/// a message's node is revoked.
 #[derive(Debug)]
 pub struct MqttAccess {
     internal_user: String,
@@ -332,241 +359,6 @@ pub fn parse_report_key(text: &str) -> Result<[u8; 32], ReportKeyError> {
     Ok(key)
 }
 
-/// How Mosquitto is told to reread its files after a rewrite.
-#[derive(Debug, Clone, Default)]
-pub enum Reload {
-    /// The operator reloads it.
-    #[default]
-    Manual,
-    /// SIGHUP to the pid in this file (Mosquitto's `pid_file`).
-    PidFile(PathBuf),
-    /// SIGHUP to the coordinator's own broker child (0 while it restarts:
-    /// it reads the files when it starts).
-    Pid(std::sync::Arc<std::sync::atomic::AtomicU32>),
-}
-
-/// The password file, ACL and settings of a Mosquitto: the coordinator's own
-/// broker, or an operator's. Rewritten whenever the set of enrolled nodes
-/// changes.
-#[derive(Debug, Clone)]
-pub struct MosquittoFiles {
-    /// Where `passwd`, `acl` and `starling.conf` are written.
-    pub dir: PathBuf,
-    /// How Mosquitto rereads them.
-    pub reload: Reload,
-    /// The coordinator's own Mosquitto user.
-    pub username: String,
-    /// Its `$7$` hash line (computed once at start).
-    pub password_hash: String,
-    /// The topic prefix the ACL confines nodes under.
-    pub topic_prefix: String,
-    /// Development only: clients without a login may connect, and may use
-    /// every topic under the prefix.
-    pub allow_anonymous: bool,
-}
-
-/// Headroom over [`starling_proto::limits::MAX_MESSAGE_BYTES`] for the MQTT
-/// packet's own header and topic name.
-pub const PACKET_HEADROOM_BYTES: usize = 64 * 1024;
-
-/// The largest MQTT packet the broker accepts from anyone and the
-/// coordinator's client reads: Mosquitto's `max_packet_size`, so a larger
-/// publish is refused at the broker and never reaches (or stalls) ingest.
-pub const MAX_PACKET_BYTES: usize =
-    starling_proto::limits::MAX_MESSAGE_BYTES + PACKET_HEADROOM_BYTES;
-
-/// Messages Mosquitto queues for one client beyond those in flight, and the
-/// bytes they may hold: a client that stops reading costs the broker at most
-/// this much. Assignments are the only large messages a node receives.
-pub const MOSQUITTO_MAX_QUEUED_MESSAGES: usize = 100;
-/// See [`MOSQUITTO_MAX_QUEUED_MESSAGES`].
-pub const MOSQUITTO_MAX_QUEUED_BYTES: usize = 4 * MAX_PACKET_BYTES;
-
-impl MosquittoFiles {
-    /// The password file's path.
-    pub fn passwd_path(&self) -> PathBuf {
-        self.dir.join("passwd")
-    }
-
-    /// The ACL file's path.
-    pub fn acl_path(&self) -> PathBuf {
-        self.dir.join("acl")
-    }
-
-    /// The settings file's path: the part of a Mosquitto configuration the
-    /// confinement depends on, for an operator's `include_dir`.
-    pub fn settings_path(&self) -> PathBuf {
-        self.dir.join("starling.conf")
-    }
-
-    /// The password file's text: the coordinator, then every node not revoked.
-    pub fn passwd_text(&self, nodes: &[NodeCredentialRow]) -> String {
-        let mut text = format!("{}:{}\n", self.username, self.password_hash);
-        for node in nodes.iter().filter(|node| node.revoked_ms.is_none()) {
-            text.push_str(&format!("{}:{}\n", node.node_id, node.mosquitto_hash));
-        }
-        text
-    }
-
-    /// The ACL's text. Patterns come first because Mosquitto applies them to
-    /// every user; `%u` is the user name, which is the node id (and, with
-    /// `use_username_as_clientid`, the client id). Mosquitto checks read
-    /// access again at delivery, so a node subscribed to `#` receives only
-    /// its own orders.
-    pub fn acl_text(&self) -> String {
-        let prefix = &self.topic_prefix;
-        let mut text = String::from(
-            "# Written by starling-coordinator; it is rewritten on every enrollment and revocation.\n",
-        );
-        if self.allow_anonymous {
-            // Lines before the first `user` line apply to anonymous clients.
-            text.push_str(&format!(
-                "# Development only (--mqtt-allow-anonymous): clients without a login use every topic.\n\
-                 topic readwrite {prefix}/#\n\n"
-            ));
-        }
-        text.push_str(
-            "# Each node writes its own reports and reads its own orders, nothing else.\n",
-        );
-        for channel in ["capability", "telemetry", "status", "events"] {
-            text.push_str(&format!("pattern write {prefix}/nodes/%u/{channel}\n"));
-        }
-        for channel in ["assign", "cancel", "ack"] {
-            text.push_str(&format!("pattern read {prefix}/nodes/%u/{channel}\n"));
-        }
-        text.push_str(&format!(
-            "\nuser {}\ntopic readwrite {prefix}/#\n",
-            self.username
-        ));
-        text
-    }
-
-    /// The global settings Starling's confinement depends on, whoever runs
-    /// the broker: logins from the password file, topics from the ACL, a
-    /// packet size cap (a larger publish is refused at the broker,
-    /// retained or not, and never reaches ingest), and bounded queues.
-    pub fn settings_text(&self) -> String {
-        format!(
-            "# Written by starling-coordinator; the settings node confinement depends on.\n\
-             # Put `use_username_as_clientid true` in each listener block too.\n\
-             allow_anonymous {anonymous}\n\
-             password_file {passwd}\n\
-             acl_file {acl}\n\
-             max_packet_size {packet}\n\
-             max_inflight_messages 20\n\
-             max_queued_messages {queued}\n\
-             max_queued_bytes {queued_bytes}\n",
-            anonymous = self.allow_anonymous,
-            passwd = self.passwd_path().display(),
-            acl = self.acl_path().display(),
-            packet = MAX_PACKET_BYTES,
-            queued = MOSQUITTO_MAX_QUEUED_MESSAGES,
-            queued_bytes = MOSQUITTO_MAX_QUEUED_BYTES,
-        )
-    }
-
-    /// The settings Mosquitto takes per listener, for every listener nodes
-    /// use: the client id bound to the login, so no client can take over
-    /// another's session. (Outside a listener block Mosquitto opens a
-    /// default listener for it.)
-    pub fn listener_settings_text(&self) -> String {
-        // Mosquitto refuses every client without a login when client ids are
-        // bound to logins, so development mode cannot bind them.
-        format!("use_username_as_clientid {}\n", !self.allow_anonymous)
-    }
-
-    /// Creates the directory (mode 0700) if it is missing.
-    pub fn create_dir(&self) -> Result<(), AccessError> {
-        let error = |source| AccessError::Write {
-            path: self.dir.clone(),
-            source,
-        };
-        std::fs::create_dir_all(&self.dir).map_err(error)?;
-        #[cfg(unix)]
-        {
-            use std::os::unix::fs::PermissionsExt as _;
-            std::fs::set_permissions(&self.dir, std::fs::Permissions::from_mode(0o700))
-                .map_err(error)?;
-        }
-        Ok(())
-    }
-
-    /// Writes the three files atomically (write beside, then rename) with
-    /// mode 0600, and has Mosquitto reload them: it then drops the sessions
-    /// of nodes no longer in the password file.
-    pub fn write(&self, nodes: &[NodeCredentialRow]) -> Result<(), AccessError> {
-        self.create_dir()?;
-        write_atomically(&self.passwd_path(), &self.passwd_text(nodes))?;
-        write_atomically(&self.acl_path(), &self.acl_text())?;
-        write_atomically(&self.settings_path(), &self.settings_text())?;
-        self.reload()
-    }
-
-    /// SIGHUP to Mosquitto: it rereads its password file and ACL.
-    fn reload(&self) -> Result<(), AccessError> {
-        let pid = match &self.reload {
-            Reload::Manual => return Ok(()),
-            Reload::Pid(pid) => match pid.load(std::sync::atomic::Ordering::Acquire) {
-                // Between runs: the next one reads the files when it starts.
-                0 => return Ok(()),
-                pid => pid,
-            },
-            Reload::PidFile(pid_file) => {
-                let text = match std::fs::read_to_string(pid_file) {
-                    Ok(text) => text,
-                    // Mosquitto not started yet: it reads the files when it starts.
-                    Err(error) if error.kind() == std::io::ErrorKind::NotFound => return Ok(()),
-                    Err(error) => {
-                        return Err(AccessError::Reload {
-                            detail: format!("{}: {error}", pid_file.display()),
-                        })
-                    }
-                };
-                text.trim().parse().map_err(|_| AccessError::Reload {
-                    detail: format!("{} holds no pid", pid_file.display()),
-                })?
-            }
-        };
-        // `kill` rather than libc: the workspace forbids unsafe code.
-        let status = std::process::Command::new("kill")
-            .arg("-HUP")
-            .arg(pid.to_string())
-            .status()
-            .map_err(|error| AccessError::Reload {
-                detail: format!("cannot run kill: {error}"),
-            })?;
-        if status.success() {
-            Ok(())
-        } else {
-            Err(AccessError::Reload {
-                detail: format!("kill -HUP {pid} failed ({status})"),
-            })
-        }
-    }
-}
-
-/// Writes `text` to `path` atomically (beside, then rename), mode 0600.
-pub(crate) fn write_atomically(path: &Path, text: &str) -> Result<(), AccessError> {
-    use std::io::Write as _;
-    let error = |source| AccessError::Write {
-        path: path.to_path_buf(),
-        source,
-    };
-    let temporary = path.with_extension("tmp");
-    let mut options = std::fs::OpenOptions::new();
-    options.write(true).create(true).truncate(true);
-    #[cfg(unix)]
-    {
-        use std::os::unix::fs::OpenOptionsExt as _;
-        options.mode(0o600);
-    }
-    let mut file = options.open(&temporary).map_err(error)?;
-    file.write_all(text.as_bytes()).map_err(error)?;
-    file.sync_all().map_err(error)?;
-    drop(file);
-    std::fs::rename(&temporary, path).map_err(error)
-}
-
 /// Rereads the node credentials from the store into the broker's cache and,
 /// when configured, the Mosquitto files.
 pub(crate) async fn refresh(
@@ -578,6 +370,37 @@ pub(crate) async fn refresh(
     mqtt.replace(&rows);
     if let Some(files) = mosquitto {
         files.write(&rows)?;
+    }
+    Ok(())
+}
+
+/// After `node_id`'s credentials changed in the store (enrolled, minted
+/// anew, revoked): caches its row, and returns once the Mosquitto files, if
+/// the coordinator writes any, hold the change and Mosquitto has reread
+/// them (where it is signalled), so the broker lets a new node in and
+/// keeps a revoked one out from then on.
+///
+/// Only this node's row is read for the cache: a change touches one row,
+/// and [`MqttAccess::learn`] sets that node's revocation and report key
+/// exactly as [`MqttAccess::replace`] would, so reloading every row per
+/// change (O(fleet) each, O(fleet²) for a fleet enrolling) bought nothing.
+/// Nodes another replica changed are learned by `learn_node` and the
+/// periodic reload, as before. The files are rewritten whole, but one
+/// rewrite covers every change that arrived while the previous ran
+/// ([`MosquittoWriter`]).
+pub(crate) async fn node_changed(
+    store: &Store,
+    mqtt: &MqttAccess,
+    mosquitto: Option<&MosquittoWriter>,
+    node_id: &str,
+) -> Result<(), AccessError> {
+    // Before the files: the node's first reports, possible once the broker
+    // lets it in, are checked against its new key.
+    if let Some(row) = store.node_credential(node_id).await? {
+        mqtt.learn(&row);
+    }
+    if let Some(writer) = mosquitto {
+        writer.rewrite(store).await?;
     }
     Ok(())
 }
@@ -624,10 +447,11 @@ pub(crate) async fn mint_credentials(
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .forget(&node);
     }
-    refresh(
+    node_changed(
         &shared.store,
         &shared.mqtt_access,
         shared.mosquitto.as_ref(),
+        node_id,
     )
     .await?;
     Ok(NodeCredentials {

@@ -8,6 +8,7 @@ mod batch;
 mod binaries;
 mod common;
 mod delivery;
+mod enrollment;
 mod federation;
 mod ingest;
 mod metrics;

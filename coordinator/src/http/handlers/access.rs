@@ -46,18 +46,21 @@ pub(crate) async fn identity(State(shared): State<Arc<Shared>>) -> Json<Identity
     })
 }
 
-/// Stores new node credentials and refreshes the broker's view of them.
-pub(crate) async fn refresh_access(shared: &Shared) {
-    if let Err(error) = access::refresh(
+/// After `node`'s credentials changed in the store: updates the cache of
+/// them and returns once Mosquitto's files hold the change and Mosquitto
+/// has reread them (`access::node_changed`).
+pub(crate) async fn refresh_access(shared: &Shared, node: &str) {
+    if let Err(error) = access::node_changed(
         &shared.store,
         &shared.mqtt_access,
         shared.mosquitto.as_ref(),
+        node,
     )
     .await
     {
         // The store holds the truth; the next change or restart rewrites the
         // files, so the operator can fix the directory meanwhile.
-        tracing::error!(%error, "cannot refresh MQTT credentials");
+        tracing::error!(%error, %node, "cannot refresh MQTT credentials");
     }
 }
 
@@ -127,7 +130,7 @@ pub(crate) async fn enroll(
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner)
         .forget(&node);
-    refresh_access(&shared).await;
+    refresh_access(&shared, node.as_str()).await;
     tracing::info!(node = %node, "node enrolled");
     Ok((
         StatusCode::CREATED,
@@ -218,7 +221,7 @@ pub(crate) async fn revoke_node(
             format!("node {id:?} has no live credentials (never enrolled, or revoked already)"),
         ));
     }
-    refresh_access(&shared).await;
+    refresh_access(&shared, &id).await;
     if let Ok(node) = NodeId::new(&id) {
         // Offline now rather than after the silence timeout: the scheduler
         // must not hand it more work while its connection lingers.

@@ -10,6 +10,7 @@ use axum::http::header;
 use axum::response::{IntoResponse, Response};
 use starling_api::{ApiError, TaskStatus};
 
+use crate::access;
 use crate::http::error::HttpError;
 use crate::loops::scheduler::DecisionTimesSnapshot;
 use crate::Shared;
@@ -39,6 +40,7 @@ pub(crate) const SERIES: &[&str] = &[
     "starling_nodes_suspected_total",
     "starling_stale_attempts_cancelled_total",
     "starling_attempts_ended_total",
+    "starling_mosquitto_reloads_total",
     "starling_federation_sites",
     "starling_gossip_datagrams_sent_total",
     "starling_gossip_bytes_sent_total",
@@ -248,6 +250,18 @@ pub(crate) async fn metrics(State(shared): State<Arc<Shared>>) -> Result<Respons
                 counters.attempts_unknown_to_node.load(Relaxed),
             ),
         ],
+    );
+    metric(
+        "starling_mosquitto_reloads_total",
+        "counter",
+        "Rewrites of Mosquitto's password file and ACL, each signalled and waited for until Mosquitto reread it; one covers every enrollment and revocation that arrived while the previous one ran (0 when the coordinator writes no Mosquitto files).",
+        &[(
+            String::new(),
+            shared
+                .mosquitto
+                .as_ref()
+                .map_or(0, access::MosquittoWriter::rewrites),
+        )],
     );
     if let Some(federation) = &shared.federation {
         let gossip = federation.gossip.counters();
