@@ -150,7 +150,7 @@ pub(crate) struct Counters {
     pub(crate) messages_handled: std::sync::atomic::AtomicU64,
     pub(crate) messages_ignored: std::sync::atomic::AtomicU64,
     pub(crate) duplicate_events: std::sync::atomic::AtomicU64,
-    /// Transactions that recorded task events (several events each under load).
+    /// Transactions that recorded task events (group commit).
     pub(crate) event_batches: std::sync::atomic::AtomicU64,
     pub(crate) assignments_published: std::sync::atomic::AtomicU64,
     /// Sends of assignments past the first (unacknowledged ones re-sent).
@@ -165,12 +165,10 @@ pub(crate) struct Counters {
     pub(crate) attempts_overdue: std::sync::atomic::AtomicU64,
     /// Attempts ended because their online node did not list them.
     pub(crate) attempts_unknown_to_node: std::sync::atomic::AtomicU64,
-    /// Reports refused for not proving their sender, by the position of
-    /// their reason in `ReportRefused::REASONS`.
+    /// Reports refused for not proving their sender, by `ReportRefused::REASONS`.
     pub(crate) reports_refused:
         [std::sync::atomic::AtomicU64; domain::reports::ReportRefused::REASONS.len()],
-    /// MQTT messages received and not yet handled (a gauge): with the rate
-    /// handled, how far ingest lags behind the fleet.
+    /// MQTT messages received and not yet handled (a gauge): how far ingest lags.
     pub(crate) ingest_backlog: std::sync::atomic::AtomicU64,
     /// How long each scheduling round's placement decision took.
     pub(crate) placement_decisions: loops::scheduler::DecisionTimes,
@@ -188,8 +186,7 @@ impl Shared {
         self.registry.read()
     }
 
-    /// The coordinator's public key (ed25519, 64 hex digits): what agents pin
-    /// to verify assignments.
+    /// The coordinator's public key (ed25519, 64 hex): what agents pin.
     pub(crate) fn coordinator_key(&self) -> String {
         self.signer.public_key_hex()
     }
@@ -594,10 +591,8 @@ pub async fn start(config: CoordinatorConfig) -> Result<Running, StartError> {
         console: http::console::Console::new(config.rest_tls.is_some()),
     });
     let (stop, stop_rx) = watch::channel(false);
-    // Room for a burst of reports (a second of a few thousand nodes): while
-    // this is full the MQTT loop waits, and with it the broker's
-    // acknowledgements of what the coordinator sends.
-    let (messages_tx, messages_rx) = tokio::sync::mpsc::channel(8_192);
+    let (messages_tx, messages_rx) =
+        tokio::sync::mpsc::channel(crate::mqtt::handler::RECEIVED_QUEUE);
 
     let ingest = shared.ingest();
     let mut tasks = Vec::new();

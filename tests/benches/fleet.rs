@@ -244,8 +244,43 @@ fn ingest(devices: usize) -> IngestRow {
     row
 }
 
+/// CPU time of every running process named `name`, by pid.
+fn cpu_by_pid(name: &str) -> std::collections::HashMap<u32, Duration> {
+    let mut times = std::collections::HashMap::new();
+    for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
+        if comm.trim() == name {
+            times.insert(pid, cpu_time(pid));
+        }
+    }
+    times
+}
+
+/// CPU time used by processes named `name` since `before` was read
+/// (processes started since count whole).
+fn cpu_since(name: &str, before: &std::collections::HashMap<u32, Duration>) -> Duration {
+    cpu_by_pid(name)
+        .into_iter()
+        .map(|(pid, now)| now.saturating_sub(before.get(&pid).copied().unwrap_or_default()))
+        .sum()
+}
+
+/// CPU milliseconds per task of each part of a throughput run.
+#[derive(Default)]
+struct CpuPerTask {
+    coordinators: f64,
+    postgres: f64,
+    broker: f64,
+    swarm: f64,
+}
+
 struct ThroughputRow {
     replicas: usize,
+    /// CPU cost per task.
+    cpu: CpuPerTask,
     tasks: usize,
     submit_s: f64,
     placed_s: f64,
@@ -292,6 +327,28 @@ fn throughput(replicas: usize, devices: usize, tasks: usize) -> ThroughputRow {
     const BATCH: usize = 50;
     let batches = tasks.div_ceil(BATCH);
     let next = Arc::new(AtomicUsize::new(0));
+    let pids: Vec<u32> = coordinators.iter().map(|c| c.process.pid()).collect();
+    let cpu_of = |pids: &[u32]| pids.iter().map(|pid| cpu_time(*pid)).sum::<Duration>();
+    let coordinators_before = cpu_of(&pids);
+    let broker_before = cpu_time(broker.pid());
+    let swarm_pids: Vec<u32> = swarm.iter().map(|s| s.process.pid()).collect();
+    let swarm_before = cpu_of(&swarm_pids);
+    let postgres_before = cpu_by_pid("postgres");
+    // The fleet's cost at rest (1 Hz telemetry from every device), taken
+    // out of the per-task figures below.
+    let idle = Duration::from_secs(5);
+    std::thread::sleep(idle);
+    let idle_s = idle.as_secs_f64();
+    let idle_rate = [
+        (cpu_of(&pids).saturating_sub(coordinators_before)).as_secs_f64() / idle_s,
+        cpu_since("postgres", &postgres_before).as_secs_f64() / idle_s,
+        (cpu_time(broker.pid()).saturating_sub(broker_before)).as_secs_f64() / idle_s,
+        (cpu_of(&swarm_pids).saturating_sub(swarm_before)).as_secs_f64() / idle_s,
+    ];
+    let coordinators_before = cpu_of(&pids);
+    let broker_before = cpu_time(broker.pid());
+    let swarm_before = cpu_of(&swarm_pids);
+    let postgres_before = cpu_by_pid("postgres");
     let started = Instant::now();
     std::thread::scope(|scope| {
         for _ in 0..SUBMITTERS {
@@ -329,8 +386,53 @@ fn throughput(replicas: usize, devices: usize, tasks: usize) -> ThroughputRow {
             == total
     });
     let done_s = started.elapsed().as_secs_f64();
+    // Above the fleet's cost at rest over the same time.
+    let per_task = |spent: Duration, at_rest: f64| {
+        (spent.as_secs_f64() - at_rest * done_s).max(0.0) * 1e3 / (batches * BATCH) as f64
+    };
+    let cpu = CpuPerTask {
+        coordinators: per_task(
+            cpu_of(&pids).saturating_sub(coordinators_before),
+            idle_rate[0],
+        ),
+        postgres: per_task(cpu_since("postgres", &postgres_before), idle_rate[1]),
+        broker: per_task(
+            cpu_time(broker.pid()).saturating_sub(broker_before),
+            idle_rate[2],
+        ),
+        swarm: per_task(
+            cpu_of(&swarm_pids).saturating_sub(swarm_before),
+            idle_rate[3],
+        ),
+    };
+    eprintln!(
+        "fleet: at rest, CPU of coordinators {:.0}%, PostgreSQL {:.0}%, Mosquitto {:.0}%, swarm {:.0}%",
+        idle_rate[0] * 100.0,
+        idle_rate[1] * 100.0,
+        idle_rate[2] * 100.0,
+        idle_rate[3] * 100.0
+    );
     let failed = count("SELECT count(*) FROM tasks WHERE state <> 'succeeded'");
     let rerun = count("SELECT count(*) FROM attempts WHERE state = 'lost'");
+    for name in [
+        "starling_nodes_suspected_total",
+        "starling_attempts_ended_total",
+        "starling_task_events_duplicate_total",
+        "starling_task_event_batches_total",
+        "starling_mqtt_messages_handled_total",
+        "starling_assignments_resent_total",
+    ] {
+        let total: f64 = coordinators.iter().map(|c| metric(c, name)).sum();
+        eprintln!("fleet: {name} {total}");
+    }
+    eprintln!(
+        "fleet: assignments refused, by reason: {}",
+        db.query(
+            "SELECT coalesce(string_agg(why || ' ' || n, ', '), 'none') FROM (SELECT \
+             regexp_replace(coalesce(message, reason, '?'), '[0-9]+', 'N', 'g') why, count(*) n \
+             FROM events WHERE state = 'rejected' GROUP BY 1) x"
+        )
+    );
     // What the coordinator had heard of the attempts it gave up on.
     eprintln!(
         "fleet: attempts given up, by the events heard of them: {}",
@@ -353,6 +455,7 @@ fn throughput(replicas: usize, devices: usize, tasks: usize) -> ThroughputRow {
     drop(coordinators);
     ThroughputRow {
         replicas,
+        cpu,
         tasks: total,
         submit_s,
         placed_s: placed_s.unwrap_or(done_s),
@@ -478,16 +581,20 @@ fn main() {
              50 tasks to the replicas in turn; {tasks} tasks; every task checked to have \
              succeeded exactly once. The ratios are against 135 tasks/s (the single-submit \
              SQLite figure this issue started from) and Nomad C1M's ≈3,750 placements/s.\n\n\
+             CPU per task is each part's CPU time over the run, less its rate at rest (the \
+             fleet's telemetry, measured for 5 s before) over the same time, divided by the tasks; \
+             a coordinator core's share is 1,000 ms over the coordinators' CPU per task.\n\n\
              | replicas | submitted in | all placed at | all ended at | tasks/s end to end | \
-             vs 135/s | vs Nomad C1M | attempts given up and placed again | tasks failed |\n\
-             | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n"
+             vs 135/s | vs Nomad C1M | attempts given up and placed again | tasks failed | \
+             CPU per task: coordinators | PostgreSQL | Mosquitto | swarm | tasks/s a coordinator core carries |\n\
+             | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n"
         ));
         for replicas in replica_counts {
             eprintln!("fleet: throughput with {replicas} replicas, {fleet} devices");
             let row = throughput(replicas, fleet, tasks);
             let rate = row.tasks as f64 / row.done_s;
             let line = format!(
-                "| {} | {:.1} s | {:.1} s | {:.1} s | {:.0} | {:.2}× | {:.3}× | {} | {} |\n",
+                "| {} | {:.1} s | {:.1} s | {:.1} s | {:.0} | {:.2}× | {:.3}× | {} | {} | {:.2} ms | {:.2} ms | {:.2} ms | {:.2} ms | {:.0} |\n",
                 row.replicas,
                 row.submit_s,
                 row.placed_s,
@@ -497,6 +604,11 @@ fn main() {
                 rate / 3_750.0,
                 row.rerun,
                 row.failed,
+                row.cpu.coordinators,
+                row.cpu.postgres,
+                row.cpu.broker,
+                row.cpu.swarm,
+                1_000.0 / row.cpu.coordinators.max(f64::EPSILON),
             );
             eprint!("{line}");
             table.push_str(&line);

@@ -244,6 +244,13 @@ pub struct Mosquitto {
 }
 
 impl Mosquitto {
+    /// The broker's process id.
+    pub fn pid(&self) -> u32 {
+        self.process.pid()
+    }
+}
+
+impl Mosquitto {
     /// Starts `mosquitto` with a private config on a free port.
     pub fn start() -> Self {
         Self::start_on([127, 0, 0, 1])

@@ -53,8 +53,13 @@ pub const MAX_PACKET_BYTES: usize =
 
 /// Messages Mosquitto queues for one client beyond those in flight, and the
 /// bytes they may hold: a client that stops reading costs the broker at most
-/// this much. Assignments are the only large messages a node receives.
-pub const MOSQUITTO_MAX_QUEUED_MESSAGES: usize = 100;
+/// [`MOSQUITTO_MAX_QUEUED_BYTES`]. Assignments are the only large messages a
+/// node receives. The count is high because the coordinator is a client
+/// too, and it receives every node's reports: a burst from a fleet (a
+/// round's events) must wait for it, not be dropped (at 100, bursts of a
+/// few hundred events were, and a node that does not re-send lost them).
+/// Its reports are small, so the bytes bound is what limits a client.
+pub const MOSQUITTO_MAX_QUEUED_MESSAGES: usize = 10_000;
 /// See [`MOSQUITTO_MAX_QUEUED_MESSAGES`].
 pub const MOSQUITTO_MAX_QUEUED_BYTES: usize = 4 * MAX_PACKET_BYTES;
 

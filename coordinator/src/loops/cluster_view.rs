@@ -107,6 +107,32 @@ pub(crate) struct Snapshot {
     pub(crate) pending: Vec<TaskRecord>,
     /// Their placement views; `queue[i].key == i`.
     pub(crate) queue: Vec<PendingTask>,
+    /// Per view node: assignments sent to it that it has not answered yet
+    /// (tasks `assigned`, no event back).
+    pub(crate) unanswered: Vec<u32>,
+}
+
+/// Takes out of this round the nodes that have not answered
+/// `max_unanswered` assignments or more: a node (or its link) that is
+/// behind gets no more work until it catches up, so the backlog waits in
+/// the coordinator's queue rather than in front of the node, where
+/// assignments expire and re-sends add to what it has to catch up with.
+/// Returns how many nodes were taken out.
+pub(crate) fn withhold_behind(
+    view: &mut ClusterView,
+    unanswered: &[u32],
+    max_unanswered: u32,
+) -> usize {
+    let mut withheld = 0;
+    for (node, unanswered) in view.nodes.iter_mut().zip(unanswered) {
+        if node.online && *unanswered >= max_unanswered {
+            // Offline for this round's decisions only: the view is rebuilt
+            // from the registry every round.
+            node.online = false;
+            withheld += 1;
+        }
+    }
+    withheld
 }
 
 /// Where snapshots are read from: the registry and the store, with the
@@ -150,16 +176,25 @@ pub(crate) fn assemble(
     // telemetry already counts the work it reported after the task's last
     // change (its load and task counts), so only work newer than the node's
     // latest telemetry is added here, lest it count twice.
+    // By id: a round reads thousands of tasks in flight on thousands of nodes.
+    let index_of: std::collections::HashMap<&str, usize> = ids
+        .iter()
+        .enumerate()
+        .map(|(index, view_node)| (view_node.id.as_str(), index))
+        .collect();
+    let mut unanswered = vec![0_u32; ids.len()];
     for record in in_flight {
         let Some(node) = record.node_id.as_deref() else {
             continue;
         };
-        let Some(index) = ids
-            .iter()
-            .position(|view_node| view_node.id.as_str() == node)
-        else {
+        let Some(&index) = index_of.get(node) else {
             continue;
         };
+        if record.status == TaskStatus::Assigned {
+            if let Some(count) = unanswered.get_mut(index) {
+                *count += 1;
+            }
+        }
         let reported = ids[index]
             .telemetry_received_ms
             .is_some_and(|received| received > record.updated_ms);
@@ -179,5 +214,98 @@ pub(crate) fn assemble(
         ids,
         pending,
         queue,
+        unanswered,
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+mod tests {
+    use starling_placement::testing::node;
+
+    use super::*;
+    use crate::store::NewTask;
+    use crate::task::{TaskDemand, TaskLimits};
+
+    fn in_flight(id: &str, node: &str, status: TaskStatus) -> TaskRecord {
+        TaskRecord {
+            spec: NewTask {
+                id: id.to_string(),
+                artifact: starling_proto::Digest([7; 32]),
+                runtime: Runtime::Wasm,
+                input: Vec::new(),
+                args: Vec::new(),
+                class: TaskKind::Cpu,
+                demand: TaskDemand::default(),
+                limits: TaskLimits::default(),
+                work_seconds: 0.1,
+                priority: 0,
+                deadline_unix_ms: None,
+                created_ms: 1,
+            },
+            status,
+            updated_ms: 1,
+            node_id: Some(node.to_string()),
+            attempt: 1,
+            power_level: Some(0),
+            output: None,
+            exit_code: None,
+            failure_reason: None,
+            failure_message: None,
+            explanation: None,
+            cancel_requested: false,
+            site: None,
+            site_node: None,
+            origin: None,
+        }
+    }
+
+    #[test]
+    fn nodes_that_leave_assignments_unanswered_get_no_more_this_round() {
+        let view = ClusterView {
+            now_ms: 10,
+            nodes: vec![
+                node("a", 4.0, 1.0),
+                node("b", 4.0, 1.0),
+                node("c", 4.0, 1.0),
+            ],
+        };
+        let ids = view
+            .nodes
+            .iter()
+            .map(|node| ViewNode {
+                id: node.id.clone(),
+                telemetry_received_ms: Some(10),
+            })
+            .collect();
+        // `a`: three sent and unanswered; `b`: two unanswered and two it
+        // answered (running); `c`: nothing.
+        let tasks = [
+            in_flight("1", "a", TaskStatus::Assigned),
+            in_flight("2", "a", TaskStatus::Assigned),
+            in_flight("3", "a", TaskStatus::Assigned),
+            in_flight("4", "b", TaskStatus::Assigned),
+            in_flight("5", "b", TaskStatus::Assigned),
+            in_flight("6", "b", TaskStatus::Running),
+            in_flight("7", "b", TaskStatus::Running),
+            in_flight("8", "elsewhere", TaskStatus::Assigned),
+        ];
+        let mut snapshot = assemble(view, ids, &tasks, Vec::new());
+        assert_eq!(snapshot.unanswered, [3, 2, 0]);
+
+        assert_eq!(
+            withhold_behind(&mut snapshot.view, &snapshot.unanswered, 3),
+            1
+        );
+        let online: Vec<bool> = snapshot.view.nodes.iter().map(|n| n.online).collect();
+        assert_eq!(online, [false, true, true], "only `a` is behind");
+
+        // A lower bar takes `b` out too; a node already offline is not counted.
+        assert_eq!(
+            withhold_behind(&mut snapshot.view, &snapshot.unanswered, 2),
+            1
+        );
+        assert!(!snapshot.view.nodes[1].online);
+        assert!(snapshot.view.nodes[2].online);
     }
 }

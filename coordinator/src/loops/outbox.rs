@@ -18,7 +18,7 @@ use std::time::Duration;
 
 use tokio::sync::watch;
 
-use crate::mqtt::publish::Publisher;
+use crate::mqtt::publish::{ArtifactPublishers, Publisher};
 use crate::store::StoreError;
 use crate::task::{unix_now_ms, TaskStatus};
 use crate::Counters;
@@ -74,6 +74,7 @@ impl Outbox {
         }
         let now_ms = unix_now_ms();
         let mut sent = 0;
+        let mut publishers = ArtifactPublishers::default();
         for entry in store.due_outbox(now_ms, BATCH).await? {
             let task = store.task(&entry.task_id).await?;
             let Some(task) = task.filter(|task| {
@@ -86,7 +87,7 @@ impl Outbox {
             };
             if self
                 .publisher
-                .send_assignment(&entry, &task, now_ms)
+                .send_assignment(&entry, &task, &mut publishers, now_ms)
                 .await?
             {
                 if entry.sends > 0 {

@@ -11,11 +11,16 @@ use starling_placement::Policy;
 use tokio::sync::{watch, Notify};
 
 use crate::federation::Federation;
-use crate::loops::cluster_view::{Snapshot, ViewSource, QUEUE_WINDOW};
+use crate::loops::cluster_view::{withhold_behind, Snapshot, ViewSource, QUEUE_WINDOW};
 use crate::loops::round::{Round, Step};
-use crate::mqtt::publish::Publisher;
+use crate::mqtt::publish::{ArtifactPublishers, Publisher};
 use crate::store::{OutboxEntry, Placement, StoreError, TaskRecord};
 use crate::task::{unix_now_ms, TaskStatus};
+
+/// Assignments a node may leave unanswered before it gets no more: an
+/// agent answers each within milliseconds (`accepted`, or a refusal), so
+/// several waiting means the node or its link is behind.
+const MAX_UNANSWERED: u32 = 4;
 
 /// Why a scheduling round stopped early.
 #[derive(Debug, thiserror::Error)]
@@ -159,11 +164,19 @@ impl Scheduler {
             return Ok(RoundSummary::default());
         }
         let Snapshot {
-            view,
+            mut view,
             ids,
             pending,
             queue,
+            unanswered,
         } = self.views.snapshot(pending).await?;
+        let behind = withhold_behind(&mut view, &unanswered, MAX_UNANSWERED);
+        if behind > 0 {
+            tracing::debug!(
+                nodes = behind,
+                "nodes behind on their assignments get no more this round"
+            );
+        }
         let now_ms = view.now_ms;
         let sites = self
             .federation
@@ -275,6 +288,7 @@ impl Scheduler {
             .assign_tasks(placements, now_ms, Some(claimed_until))
             .await?;
         let mut count = 0;
+        let mut publishers = ArtifactPublishers::default();
         for ((placement, (task, node_id)), assigned) in
             placements.iter().zip(placed_tasks).zip(&placed.assigned)
         {
@@ -302,7 +316,14 @@ impl Scheduler {
             };
             if self
                 .publisher
-                .publish_claimed(&entry, node_id, &record, placed.term, unix_now_ms())
+                .publish_claimed(
+                    &entry,
+                    node_id,
+                    &record,
+                    placed.term,
+                    &mut publishers,
+                    unix_now_ms(),
+                )
                 .await?
             {
                 tracing::info!(task = %placement.task_id, node = %node_id, attempt = placement.attempt,

@@ -10,8 +10,7 @@ use std::time::Duration;
 
 use tokio::sync::mpsc;
 
-use super::inbound::IngestError;
-use super::inbound::Inbound;
+use super::inbound::{Inbound, IngestError};
 use super::ingest::{admit, apply_report, handle_events, Admitted, Handled, Ingest, Received};
 use crate::domain::reports::ReportRefused;
 use crate::store::EventOutcome;
@@ -21,6 +20,12 @@ use crate::Counters;
 /// database round trips, within the store's pool (4 SQLite, 8 PostgreSQL
 /// connections).
 const WORKERS: usize = 4;
+
+/// Received messages waiting for the handler: room for a burst of reports
+/// (a second of a few thousand nodes). While this is full the MQTT loop
+/// waits, and with it the broker's acknowledgements of what the
+/// coordinator sends.
+pub(crate) const RECEIVED_QUEUE: usize = 8_192;
 
 /// Most messages a worker takes at once, and so most events recorded in
 /// one transaction.

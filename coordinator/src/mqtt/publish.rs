@@ -60,6 +60,30 @@ fn to_ms(duration: std::time::Duration) -> u64 {
     u64::try_from(duration.as_millis()).unwrap_or(u64::MAX)
 }
 
+/// Artifacts' publisher signatures, each read once per batch of
+/// assignments (a round's tasks mostly share a few artifacts). A batch's
+/// cache is dropped with it, so a signature added later is read by the next.
+#[derive(Debug, Default)]
+pub(crate) struct ArtifactPublishers(
+    std::collections::HashMap<starling_proto::Digest, Option<starling_proto::PublisherSignature>>,
+);
+
+impl ArtifactPublishers {
+    /// The publisher signature of `artifact`, if it has one.
+    async fn get(
+        &mut self,
+        store: &Store,
+        artifact: &starling_proto::Digest,
+    ) -> Result<Option<starling_proto::PublisherSignature>, StoreError> {
+        if let Some(known) = self.0.get(artifact) {
+            return Ok(known.clone());
+        }
+        let publisher = store.artifact_publisher(artifact).await?;
+        self.0.insert(*artifact, publisher.clone());
+        Ok(publisher)
+    }
+}
+
 impl Publisher {
     /// Claims the send of `entry` (as read) and publishes the assignment of
     /// `task`'s attempt, freshly signed. Returns whether this call sent it.
@@ -67,6 +91,7 @@ impl Publisher {
         &self,
         entry: &OutboxEntry,
         task: &TaskRecord,
+        publishers: &mut ArtifactPublishers,
         now_ms: u64,
     ) -> Result<bool, StoreError> {
         let Ok(node) = NodeId::new(&entry.node_id) else {
@@ -84,7 +109,8 @@ impl Publisher {
         if !self.store.claim_outbox_send(entry, next_ms, term).await? {
             return Ok(false);
         }
-        self.publish_claimed(entry, &node, task, term, now_ms).await
+        self.publish_claimed(entry, &node, task, term, publishers, now_ms)
+            .await
     }
 
     /// When the first send of a placement is due again if it is never
@@ -104,6 +130,7 @@ impl Publisher {
         node: &NodeId,
         task: &TaskRecord,
         term: Option<u64>,
+        publishers: &mut ArtifactPublishers,
         now_ms: u64,
     ) -> Result<bool, StoreError> {
         let node = node.clone();
@@ -135,7 +162,7 @@ impl Publisher {
         let power_level = task.power_level.unwrap_or(0);
         // Read at each send, so a signature added after submission reaches
         // the next (re)send.
-        let publisher = self.store.artifact_publisher(&task.spec.artifact).await?;
+        let publisher = publishers.get(&self.store, &task.spec.artifact).await?;
         let bytes = match assignment(task, &node, entry.attempt, power_level, &self.public_url)
             .and_then(|mut assignment| {
                 assignment.publisher = publisher;
