@@ -168,8 +168,8 @@ pub(crate) struct Counters {
     /// Reports refused for not proving their sender, by `ReportRefused::REASONS`.
     pub(crate) reports_refused:
         [std::sync::atomic::AtomicU64; domain::reports::ReportRefused::REASONS.len()],
-    /// MQTT messages received and not yet handled (a gauge): how far ingest lags.
-    pub(crate) ingest_backlog: std::sync::atomic::AtomicU64,
+    /// How far ingest is behind: messages waiting, and for how long.
+    pub(crate) ingest: crate::mqtt::handler::IngestLoad,
     /// How long each scheduling round's placement decision took.
     pub(crate) placement_decisions: loops::scheduler::DecisionTimes,
 }

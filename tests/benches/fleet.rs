@@ -306,7 +306,8 @@ fn replicas_on(db: &PostgresDb, broker: &Mosquitto, count: usize) -> Vec<Coordin
 
 fn throughput(replicas: usize, devices: usize, tasks: usize) -> ThroughputRow {
     let db = PostgresDb::create();
-    let broker = Mosquitto::start();
+    // The coordinators' session queue the operations guide asks of a broker.
+    let broker = Mosquitto::start_with_config("allow_anonymous true\nmax_queued_messages 10000");
     let coordinators = replicas_on(&db, &broker, replicas);
     let all: Vec<&Coordinator> = coordinators.iter().collect();
     let swarm = swarm(

@@ -79,11 +79,14 @@ impl Liveness {
         let timeout_ms = self.node_timeout_ms;
         let listening_since = self.broker_up_since_ms.load(Ordering::Relaxed);
         let listening_since_ms = (listening_since != 0).then_some(listening_since);
+        // Time ingest spent behind is not silence: a node's latest report
+        // may be waiting in the queue.
+        let heard_until_ms = now_ms.saturating_sub(self.counters.ingest.lag_ms());
         let newly_silent: Vec<String> = match listening_since_ms {
             Some(since) => self
                 .registry
                 .write()
-                .suspect_silent(now_ms, timeout_ms, since)
+                .suspect_silent(heard_until_ms, timeout_ms, since)
                 .into_iter()
                 .map(|id| {
                     Counters::increment(&self.counters.nodes_suspected);
@@ -143,5 +146,64 @@ impl Liveness {
             }
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+mod tests {
+    use starling_proto::{NodeId, NodeState, Status, PROTOCOL_VERSION};
+
+    use super::*;
+    use crate::registry::tests::capability;
+
+    /// A node last heard at 1,000 ms, under a 5 s node timeout, checked at
+    /// 7,000 ms while ingest is `lag_ms` behind: whether it is suspected.
+    async fn suspected_with_lag(lag_ms: u64) -> bool {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(&format!("sqlite://{}", dir.path().join("l.db").display()))
+            .await
+            .unwrap();
+        let registry = Arc::new(NodeRegistry::new());
+        let node = NodeId::new("pi-1").unwrap();
+        registry
+            .write()
+            .apply_capability(&node, capability("pi-1"), 1_000)
+            .unwrap();
+        let online = Status {
+            v: PROTOCOL_VERSION,
+            node_id: node.clone(),
+            state: NodeState::Online,
+        };
+        registry.write().apply_status(&node, online, 1_000).unwrap();
+        let counters = Arc::new(Counters::default());
+        counters.ingest.set_lag_ms(0, lag_ms);
+        let liveness = Liveness {
+            registry: Arc::clone(&registry),
+            store,
+            broker_up_since_ms: Arc::new(AtomicU64::new(1)),
+            counters: Arc::clone(&counters),
+            wake_scheduler: Arc::new(Notify::new()),
+            node_timeout_ms: 5_000,
+            max_attempts: 3,
+            feed: crate::live::Feed::new(16),
+        };
+        liveness
+            .check(&mut Detector::default(), 7_000)
+            .await
+            .unwrap();
+        let suspected = counters.nodes_suspected.load(Ordering::Relaxed) == 1;
+        assert_eq!(registry.read().get(&node).unwrap().online(), !suspected);
+        suspected
+    }
+
+    #[tokio::test]
+    async fn time_ingest_spends_behind_is_not_a_nodes_silence() {
+        assert!(suspected_with_lag(0).await, "6 s of silence is past 5 s");
+        assert!(
+            !suspected_with_lag(2_000).await,
+            "2 s of it were ingest behind: 4 s of silence"
+        );
+        assert!(suspected_with_lag(500).await, "5.5 s of silence");
     }
 }

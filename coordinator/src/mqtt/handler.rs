@@ -6,6 +6,7 @@
 //! Replicas on a shared database also reload node credentials here.
 
 use std::hash::{Hash as _, Hasher as _};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use tokio::sync::mpsc;
@@ -26,6 +27,44 @@ const WORKERS: usize = 4;
 /// waits, and with it the broker's acknowledgements of what the
 /// coordinator sends.
 pub(crate) const RECEIVED_QUEUE: usize = 8_192;
+
+/// How far ingest is behind the broker: what `/metrics` shows and what
+/// failure detection allows for.
+#[derive(Debug, Default)]
+pub(crate) struct IngestLoad {
+    /// Messages received and not yet handled (read when one is handed to its
+    /// worker).
+    pub(crate) backlog: AtomicU64,
+    /// Per worker: how long the messages it is applying waited for it, ms
+    /// (0 once it has caught up).
+    lag_ms: [AtomicU64; WORKERS],
+}
+
+impl IngestLoad {
+    /// Records how long the messages `worker` is applying waited.
+    fn set_lag_ms_of(&self, worker: usize, lag_ms: u64) {
+        if let Some(lag) = self.lag_ms.get(worker) {
+            lag.store(lag_ms, Ordering::Relaxed);
+        }
+    }
+
+    /// As a worker would record it (tests of what reads it).
+    #[cfg(test)]
+    pub(crate) fn set_lag_ms(&self, worker: usize, lag_ms: u64) {
+        self.set_lag_ms_of(worker, lag_ms);
+    }
+
+    /// How long the oldest message being applied now waited, ms: while
+    /// ingest is this far behind, a node's latest report may be waiting in
+    /// the queue, so its silence is not yet known.
+    pub(crate) fn lag_ms(&self) -> u64 {
+        self.lag_ms
+            .iter()
+            .map(|lag| lag.load(Ordering::Relaxed))
+            .max()
+            .unwrap_or(0)
+    }
+}
 
 /// Most messages a worker takes at once, and so most events recorded in
 /// one transaction.
@@ -93,10 +132,10 @@ impl LogBudget {
 pub(crate) async fn run_message_handler(ingest: Ingest, mut messages: mpsc::Receiver<Received>) {
     let mut workers = Vec::with_capacity(WORKERS);
     let mut handles = Vec::with_capacity(WORKERS);
-    for _ in 0..WORKERS {
+    for worker in 0..WORKERS {
         let (sender, receiver) = mpsc::channel(WORKER_QUEUE);
         workers.push(sender);
-        handles.push(tokio::spawn(run_worker(ingest.clone(), receiver)));
+        handles.push(tokio::spawn(run_worker(ingest.clone(), worker, receiver)));
     }
     let mut resync = tokio::time::interval(REPLICA_ACCESS_RESYNC);
     resync.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -123,10 +162,11 @@ pub(crate) async fn run_message_handler(ingest: Ingest, mut messages: mpsc::Rece
                 .iter()
                 .map(|worker| WORKER_QUEUE - worker.capacity())
                 .sum::<usize>();
-        ingest.counters.ingest_backlog.store(
-            u64::try_from(queued).unwrap_or(u64::MAX),
-            std::sync::atomic::Ordering::Relaxed,
-        );
+        ingest
+            .counters
+            .ingest
+            .backlog
+            .store(u64::try_from(queued).unwrap_or(u64::MAX), Ordering::Relaxed);
     }
     drop(workers);
     for handle in handles {
@@ -148,11 +188,16 @@ fn worker_of(topic: &str) -> usize {
 /// up (at most [`BATCH`] at a time): the events among them are recorded in
 /// one transaction (group commit), so the database's commits do not bound
 /// how many events a second ingest takes.
-async fn run_worker(ingest: Ingest, mut messages: mpsc::Receiver<Received>) {
+async fn run_worker(ingest: Ingest, worker: usize, mut messages: mpsc::Receiver<Received>) {
     let mut budget = LogBudget::new();
-    let mut batch = Vec::with_capacity(BATCH);
+    let mut batch: Vec<Received> = Vec::with_capacity(BATCH);
     while messages.recv_many(&mut batch, BATCH).await > 0 {
         let now_ms = crate::task::unix_now_ms();
+        // The first is the oldest: the channel keeps arrival order.
+        let waited = batch
+            .first()
+            .map_or(0, |first| now_ms.saturating_sub(first.received_ms));
+        ingest.counters.ingest.set_lag_ms_of(worker, waited);
         let mut events = Vec::new();
         let mut event_topics = Vec::new();
         for message in batch.drain(..) {
@@ -187,6 +232,9 @@ async fn run_worker(ingest: Ingest, mut messages: mpsc::Receiver<Received>) {
             }
         }
         flush(&ingest, &mut budget, &mut events, &mut event_topics, now_ms).await;
+        if messages.is_empty() {
+            ingest.counters.ingest.set_lag_ms_of(worker, 0);
+        }
     }
 }
 

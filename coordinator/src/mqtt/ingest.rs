@@ -75,6 +75,8 @@ pub struct Received {
     /// Whether the broker handed it out as a retained message (at
     /// subscription), rather than forwarding it as it was published.
     pub retained: bool,
+    /// When the MQTT loop read it, Unix ms: how long it waited for ingest.
+    pub received_ms: u64,
 }
 
 /// What handling a message did, for logs and tests.
@@ -148,6 +150,7 @@ pub(crate) async fn run_mqtt_loop(
                     topic: publish.topic,
                     payload: publish.payload.to_vec(),
                     retained: publish.retain,
+                    received_ms: unix_now_ms(),
                 };
                 if messages.send(received).await.is_err() {
                     break;

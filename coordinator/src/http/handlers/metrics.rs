@@ -27,6 +27,7 @@ pub(crate) const SERIES: &[&str] = &[
     "starling_placement_decision_seconds",
     "starling_event_stream_clients",
     "starling_ingest_backlog",
+    "starling_ingest_lag_milliseconds",
     "starling_leader",
     "starling_leader_term",
     "starling_mqtt_messages_handled_total",
@@ -155,9 +156,16 @@ pub(crate) async fn metrics(State(shared): State<Arc<Shared>>) -> Result<Respons
             String::new(),
             shared
                 .counters
-                .ingest_backlog
+                .ingest
+                .backlog
                 .load(std::sync::atomic::Ordering::Relaxed),
         )],
+    );
+    metric(
+        "starling_ingest_lag_milliseconds",
+        "gauge",
+        "How long the MQTT messages ingest is applying now waited for it (0 when caught up); failure detection does not count this time as a node's silence.",
+        &[(String::new(), shared.counters.ingest.lag_ms())],
     );
     metric(
         "starling_leader",
