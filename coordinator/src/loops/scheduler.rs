@@ -22,6 +22,10 @@ use crate::task::{unix_now_ms, TaskStatus};
 /// several waiting means the node or its link is behind.
 const MAX_UNANSWERED: u32 = 4;
 
+/// How far ingest may be behind (the wait of the messages it applies) for a
+/// round to place work.
+const MAX_INGEST_LAG_MS: u64 = 1_000;
+
 /// Why a scheduling round stopped early.
 #[derive(Debug, thiserror::Error)]
 pub enum ScheduleError {
@@ -157,6 +161,14 @@ impl Scheduler {
         let store = &self.views.store;
         if !store.leads() {
             // Another replica places this site's work.
+            return Ok(RoundSummary::default());
+        }
+        let lag_ms = self.publisher.counters.ingest.lag_ms();
+        if lag_ms > MAX_INGEST_LAG_MS {
+            // The results of work already out wait for ingest; more work
+            // now would only lengthen the wait (and past the agents' 5 s
+            // re-send, every event would come twice).
+            tracing::debug!(lag_ms, "ingest is behind; nothing placed until it catches up");
             return Ok(RoundSummary::default());
         }
         let pending = store.pending_tasks(QUEUE_WINDOW).await?;
