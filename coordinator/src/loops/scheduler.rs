@@ -168,7 +168,10 @@ impl Scheduler {
             // The results of work already out wait for ingest; more work
             // now would only lengthen the wait (and past the agents' 5 s
             // re-send, every event would come twice).
-            tracing::debug!(lag_ms, "ingest is behind; nothing placed until it catches up");
+            tracing::debug!(
+                lag_ms,
+                "ingest is behind; nothing placed until it catches up"
+            );
             return Ok(RoundSummary::default());
         }
         let pending = store.pending_tasks(QUEUE_WINDOW).await?;
