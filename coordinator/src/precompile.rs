@@ -170,8 +170,7 @@ mod tests {
     use super::*;
     use crate::loops::cluster_view::cluster_view;
     use crate::registry::tests::capability;
-    use crate::store::NewTask;
-    use crate::task::{TaskDemand, TaskKind, TaskLimits, TaskStatus};
+    use crate::task::TaskStatus;
 
     const NOW: u64 = 1_000_000;
 
@@ -181,36 +180,16 @@ mod tests {
     }
 
     fn task(artifact: Digest, runtime: Runtime) -> TaskRecord {
-        TaskRecord {
-            spec: NewTask {
-                id: "t1".into(),
-                artifact,
-                runtime,
-                input: Vec::new(),
-                args: Vec::new(),
-                class: TaskKind::Cpu,
-                demand: TaskDemand::default(),
-                limits: TaskLimits::default(),
-                work_seconds: 0.1,
-                priority: 0,
-                deadline_unix_ms: None,
-                created_ms: NOW,
-            },
+        let mut task = TaskRecord {
             status: TaskStatus::Assigned,
             updated_ms: NOW,
-            node_id: None,
             attempt: 1,
-            power_level: None,
-            output: None,
-            exit_code: None,
-            failure_reason: None,
-            failure_message: None,
-            explanation: None,
-            cancel_requested: false,
-            site: None,
-            site_node: None,
-            origin: None,
-        }
+            ..TaskRecord::sample("t1")
+        };
+        task.spec.artifact = artifact;
+        task.spec.runtime = runtime;
+        task.spec.created_ms = NOW;
+        task
     }
 
     fn wasm(compiles: bool, engine: &str, target: &str) -> WasmEngine {

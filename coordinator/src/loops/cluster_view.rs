@@ -224,39 +224,14 @@ mod tests {
     use starling_placement::testing::node;
 
     use super::*;
-    use crate::store::NewTask;
-    use crate::task::{TaskDemand, TaskLimits};
 
     fn in_flight(id: &str, node: &str, status: TaskStatus) -> TaskRecord {
         TaskRecord {
-            spec: NewTask {
-                id: id.to_string(),
-                artifact: starling_proto::Digest([7; 32]),
-                runtime: Runtime::Wasm,
-                input: Vec::new(),
-                args: Vec::new(),
-                class: TaskKind::Cpu,
-                demand: TaskDemand::default(),
-                limits: TaskLimits::default(),
-                work_seconds: 0.1,
-                priority: 0,
-                deadline_unix_ms: None,
-                created_ms: 1,
-            },
             status,
-            updated_ms: 1,
             node_id: Some(node.to_string()),
             attempt: 1,
             power_level: Some(0),
-            output: None,
-            exit_code: None,
-            failure_reason: None,
-            failure_message: None,
-            explanation: None,
-            cancel_requested: false,
-            site: None,
-            site_node: None,
-            origin: None,
+            ..TaskRecord::sample(id)
         }
     }
 

@@ -187,49 +187,23 @@ mod tests {
     use starling_placement::policy::policy_by_name;
     use starling_placement::testing::node;
     use starling_placement::ClusterView;
-    use starling_proto::{ClassCapacity, Digest, Runtime, SiteId, WorkClass};
+    use starling_proto::{ClassCapacity, SiteId, WorkClass};
 
     use super::*;
     use crate::loops::cluster_view::{assemble, Snapshot};
-    use crate::store::NewTask;
-    use crate::task::{TaskDemand, TaskKind, TaskLimits, TaskStatus};
 
     const NOW: u64 = 100_000;
 
     fn record(id: &str, cores: f32, work_seconds: f64, deadline_in_ms: Option<u64>) -> TaskRecord {
-        TaskRecord {
-            spec: NewTask {
-                id: id.to_string(),
-                artifact: Digest([7; 32]),
-                runtime: Runtime::Wasm,
-                input: Vec::new(),
-                args: Vec::new(),
-                class: TaskKind::Cpu,
-                demand: TaskDemand {
-                    cpu_cores: cores,
-                    ..TaskDemand::default()
-                },
-                limits: TaskLimits::default(),
-                work_seconds,
-                priority: 0,
-                deadline_unix_ms: deadline_in_ms.map(|ms| NOW + ms),
-                created_ms: NOW - 1_000,
-            },
-            status: TaskStatus::Pending,
+        let mut task = TaskRecord {
             updated_ms: NOW - 1_000,
-            node_id: None,
-            attempt: 0,
-            power_level: None,
-            output: None,
-            exit_code: None,
-            failure_reason: None,
-            failure_message: None,
-            explanation: None,
-            cancel_requested: false,
-            site: None,
-            site_node: None,
-            origin: None,
-        }
+            ..TaskRecord::sample(id)
+        };
+        task.spec.demand.cpu_cores = cores;
+        task.spec.work_seconds = work_seconds;
+        task.spec.deadline_unix_ms = deadline_in_ms.map(|ms| NOW + ms);
+        task.spec.created_ms = NOW - 1_000;
+        task
     }
 
     /// A fixed cluster: `fast` (4 cores at full speed) and `slow` (2 cores

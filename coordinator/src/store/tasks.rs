@@ -79,6 +79,44 @@ pub struct TaskRecord {
     pub origin: Option<(String, String)>,
 }
 
+#[cfg(test)]
+impl TaskRecord {
+    /// A task as unit tests start from: wasm, no input, default demand and
+    /// limits, 0.1 s of work, pending and never placed, created at 1 ms.
+    pub(crate) fn sample(id: &str) -> Self {
+        Self {
+            spec: NewTask {
+                id: id.to_string(),
+                artifact: Digest([7; 32]),
+                runtime: Runtime::Wasm,
+                input: Vec::new(),
+                args: Vec::new(),
+                class: TaskKind::Cpu,
+                demand: TaskDemand::default(),
+                limits: TaskLimits::default(),
+                work_seconds: 0.1,
+                priority: 0,
+                deadline_unix_ms: None,
+                created_ms: 1,
+            },
+            status: TaskStatus::Pending,
+            updated_ms: 1,
+            node_id: None,
+            attempt: 0,
+            power_level: None,
+            output: None,
+            exit_code: None,
+            failure_reason: None,
+            failure_message: None,
+            explanation: None,
+            cancel_requested: false,
+            site: None,
+            site_node: None,
+            origin: None,
+        }
+    }
+}
+
 /// What a cancel request did.
 #[derive(Debug, Clone, PartialEq)]
 pub enum CancelOutcome {
