@@ -3,15 +3,23 @@
 //! fast a member whose link is cut is declared down and, once the link is
 //! back, alive again, and how many bytes a quiet cluster spends per member.
 //!
-//! `cargo bench --profile dev -p starling-tests --bench gossip` (needs root
-//! for the namespaces, and `serf` on the PATH for the comparison). Settings
-//! come from the environment:
-//! - `STARLING_GOSSIP_SIZES` (default `3,10,50`): the cluster sizes;
+//! Then false positives under CPU starvation: a few members held to a small
+//! CPU share by a cgroup quota, with Lifeguard, without it (the code before
+//! issue 20) and Serf, counting who is declared down though nobody failed.
+//!
+//! `cargo bench --profile dev -p starling-tests --bench gossip [-- --write]`
+//! (needs root for the namespaces and the cgroup, and `serf` on the PATH for
+//! the comparison; `--write` puts the tables into BENCHMARKS.md §8).
+//! Settings come from the environment:
+//! - `STARLING_GOSSIP_SIZES` (default `3,10,50,200`): the cluster sizes;
 //! - `STARLING_GOSSIP_ROUNDS` (default 5): digest publications per size;
 //! - `STARLING_GOSSIP_FAILURES` (default 3 up to 10 members, 2 beyond): link
 //!   cuts per size;
 //! - `STARLING_GOSSIP_QUIET` (default 10): seconds of the bandwidth window;
-//! - `STARLING_GOSSIP_ONLY` (`starling` or `serf`): run one side only.
+//! - `STARLING_GOSSIP_ONLY` (`starling` or `serf`): run one side only;
+//! - `STARLING_GOSSIP_STARVE` (default `10:3`): members and how many of them
+//!   to starve (`0` skips it); `_STARVE_SECONDS` (60) how long;
+//!   `_STARVE_CPU_MS` (50) the CPU they get each second.
 //!
 //! One member per namespace, all joining through member 0, the only seed.
 //! Starling runs `starling-coordinator gossip-member` (SWIM by foca, timed
@@ -20,7 +28,7 @@
 //! the same way for both: when a line of a member's output reaches this
 //! process (a reader thread per stream).
 //!
-//! Prints a Markdown table for BENCHMARKS.md on stdout, progress on stderr.
+//! Prints Markdown tables for BENCHMARKS.md on stdout, progress on stderr.
 #![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
 
 use std::io::{BufRead, BufReader, Read, Write};
@@ -40,6 +48,9 @@ const SERF_RPC: &str = "-rpc-addr=127.0.0.1:7373";
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 enum Kind {
     Starling,
+    /// Starling's gossip without Lifeguard (`--no-lifeguard`): SWIM as foca
+    /// runs it, the code before issue 20; measured under starvation only.
+    StarlingClassic,
     Serf,
 }
 
@@ -47,8 +58,13 @@ impl Kind {
     fn name(self) -> &'static str {
         match self {
             Kind::Starling => "Starling",
+            Kind::StarlingClassic => "Starling without Lifeguard",
             Kind::Serf => "Serf",
         }
+    }
+
+    fn is_starling(self) -> bool {
+        matches!(self, Kind::Starling | Kind::StarlingClassic)
     }
 }
 
@@ -128,7 +144,7 @@ fn read_lines(
             let Ok(line) = line else { break };
             let at = Instant::now();
             let event = match kind {
-                Kind::Starling => parse_starling(&line),
+                Kind::Starling | Kind::StarlingClassic => parse_starling(&line),
                 Kind::Serf => parse_serf(&line, member),
             };
             if let Some(event) = event {
@@ -185,11 +201,14 @@ impl<'f> Cluster<'f> {
         let mut command = self.fabric.command(i, &self.program);
         let log = self.dir.path().join(format!("m{i}.log"));
         match self.kind {
-            Kind::Starling => {
+            Kind::Starling | Kind::StarlingClassic => {
                 command
                     .args(["gossip-member", "--site", &format!("m{i}")])
                     .args(["--bind", &self.addr(i), "--cluster-key", &self.key])
                     .env("RUST_LOG", "info");
+                if self.kind == Kind::StarlingClassic {
+                    command.arg("--no-lifeguard");
+                }
                 if i > 0 {
                     command.args(["--seed", &self.addr(0)]);
                 }
@@ -336,7 +355,7 @@ impl<'f> Cluster<'f> {
         let n = self.fabric.len();
         let others = move || 1..n;
         match self.kind {
-            Kind::Starling => {
+            Kind::Starling | Kind::StarlingClassic => {
                 let before = Instant::now();
                 let stdin = self.stdins[0].as_mut().unwrap();
                 stdin.write_all(b"bump\n").unwrap();
@@ -521,6 +540,156 @@ impl Drop for Cluster<'_> {
     }
 }
 
+/// A cgroup that holds processes to a share of one CPU (cgroup v1's `cpu`
+/// controller, or v2's `cpu.max`): CPU starvation of a few members, the same
+/// for every implementation. Its processes go back to the root group, and
+/// the group is removed, on drop.
+struct Starver {
+    dir: PathBuf,
+    root: PathBuf,
+}
+
+impl Starver {
+    fn new(tag: &str, quota: Duration, period: Duration) -> Result<Self, String> {
+        let v1 = Path::new("/sys/fs/cgroup/cpu");
+        let v2 = Path::new("/sys/fs/cgroup");
+        let write = |path: PathBuf, value: String| {
+            std::fs::write(&path, &value).map_err(|e| format!("{}: {e}", path.display()))
+        };
+        let (root, settings) = if v1.join("cpu.cfs_quota_us").exists() {
+            (
+                v1.to_path_buf(),
+                vec![
+                    ("cpu.cfs_period_us", period.as_micros().to_string()),
+                    ("cpu.cfs_quota_us", quota.as_micros().to_string()),
+                ],
+            )
+        } else if v2.join("cgroup.controllers").exists() {
+            (
+                v2.to_path_buf(),
+                vec![(
+                    "cpu.max",
+                    format!("{} {}", quota.as_micros(), period.as_micros()),
+                )],
+            )
+        } else {
+            return Err("no cgroup cpu controller under /sys/fs/cgroup".into());
+        };
+        let dir = root.join(tag);
+        std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+        let starver = Starver { dir, root };
+        for (file, value) in settings {
+            write(starver.dir.join(file), value)?;
+        }
+        Ok(starver)
+    }
+
+    fn add(&self, pid: u32) {
+        std::fs::write(self.dir.join("cgroup.procs"), pid.to_string())
+            .unwrap_or_else(|e| panic!("starve process {pid}: {e}"));
+    }
+}
+
+impl Drop for Starver {
+    fn drop(&mut self) {
+        let procs = std::fs::read_to_string(self.dir.join("cgroup.procs")).unwrap_or_default();
+        for pid in procs.lines() {
+            let _ = std::fs::write(self.root.join("cgroup.procs"), pid);
+        }
+        let _ = std::fs::remove_dir(&self.dir);
+    }
+}
+
+/// What members declared down while some were starved (none had failed).
+#[derive(Default)]
+struct Starved {
+    /// Whether everyone saw everyone before the starvation.
+    settled: bool,
+    /// Healthy (not starved) members declared down by someone.
+    healthy_down: usize,
+    /// Starved members declared down by someone.
+    starved_down: usize,
+    /// Down declarations, observer by member.
+    declarations: usize,
+    /// Why there are no figures.
+    skipped: Option<String>,
+}
+
+/// Starts `fabric.len()` members, starves members 1..=`starved` of CPU
+/// (`quota` of every `period`) for `window`, and counts who was declared down.
+fn starvation(
+    kind: Kind,
+    fabric: &Fabric,
+    program: PathBuf,
+    key: &str,
+    starved: usize,
+    window: Duration,
+    quota: Duration,
+) -> Starved {
+    let n = fabric.len();
+    let step = |what: &str| eprintln!("gossip: starvation, {n} members, {}: {what}", kind.name());
+    let mut cluster = Cluster::new(kind, fabric, program, key);
+    let join = cluster.start();
+    step(&format!("joined in {}", show(join)));
+    std::thread::sleep(Duration::from_secs(5));
+    let settled = cluster
+        .wait_for(Duration::from_secs(30), |c| {
+            c.everyone_sees_everyone().then_some(())
+        })
+        .is_some();
+    let tag = format!("starling-bench-{}-{kind:?}", std::process::id());
+    let starver = match Starver::new(&tag, quota, Duration::from_secs(1)) {
+        Ok(starver) => starver,
+        Err(why) => {
+            return Starved {
+                skipped: Some(why),
+                ..Starved::default()
+            }
+        }
+    };
+    for i in 1..=starved {
+        starver.add(cluster.children[i].id());
+    }
+    let t0 = Instant::now();
+    step(&format!(
+        "members 1..={starved} held to {:.0} ms of CPU a second for {} s",
+        ms(quota),
+        window.as_secs()
+    ));
+    let _ = cluster.wait_for(window, |_| None::<()>);
+    let t1 = Instant::now();
+    drop(starver);
+    cluster.drain();
+    let mut declared = vec![false; n];
+    let mut declarations = 0;
+    for events in &cluster.events {
+        for (at, event) in events {
+            if let Event::Down(j) = event {
+                if *at >= t0 && *at <= t1 {
+                    declared[*j] = true;
+                    declarations += 1;
+                }
+            }
+        }
+    }
+    let starved_down = (1..=starved).filter(|&j| declared[j]).count();
+    let healthy_down = declared.iter().filter(|&&d| d).count() - starved_down;
+    step(&format!(
+        "{healthy_down} healthy and {starved_down} starved members declared down \
+         ({declarations} declarations)"
+    ));
+    if declarations > 0 {
+        eprintln!("gossip: logs kept in {}", cluster.keep_logs().display());
+    }
+    Starved {
+        settled,
+        healthy_down,
+        starved_down,
+        declarations,
+        skipped: None,
+    }
+}
+
 /// One implementation's figures at one size.
 #[derive(Default)]
 struct Figures {
@@ -681,8 +850,9 @@ fn serf_program() -> Result<PathBuf, String> {
 
 fn main() {
     assert!(Fabric::available(), "needs root and iproute2");
+    let write = std::env::args().any(|a| a == "--write");
     let sizes: Vec<usize> = std::env::var("STARLING_GOSSIP_SIZES")
-        .unwrap_or_else(|_| "3,10,50".into())
+        .unwrap_or_else(|_| "3,10,50,200".into())
         .split(',')
         .filter_map(|s| s.trim().parse().ok())
         .filter(|&n| n >= 2)
@@ -690,8 +860,20 @@ fn main() {
     let rounds = env_usize("STARLING_GOSSIP_ROUNDS", 5);
     let quiet = Duration::from_secs(env_usize("STARLING_GOSSIP_QUIET", 10) as u64);
     let only = std::env::var("STARLING_GOSSIP_ONLY").unwrap_or_default();
-    let mut kinds = vec![Kind::Starling, Kind::Serf];
-    kinds.retain(|k| only.is_empty() || k.name().eq_ignore_ascii_case(&only));
+    // `members:starved`; empty or 0 skips the starvation run.
+    let starve = std::env::var("STARLING_GOSSIP_STARVE").unwrap_or_else(|_| "10:3".into());
+    let starve: Option<(usize, usize)> = starve
+        .split_once(':')
+        .and_then(|(n, k)| Some((n.trim().parse().ok()?, k.trim().parse().ok()?)))
+        .filter(|&(n, k)| n >= 2 && k >= 1 && k < n);
+    let starve_window = Duration::from_secs(env_usize("STARLING_GOSSIP_STARVE_SECONDS", 60) as u64);
+    let starve_cpu = Duration::from_millis(env_usize("STARLING_GOSSIP_STARVE_CPU_MS", 50) as u64);
+    let mut kinds = vec![Kind::Starling, Kind::StarlingClassic, Kind::Serf];
+    kinds.retain(|k| {
+        only.is_empty()
+            || k.name().eq_ignore_ascii_case(&only)
+            || (k.is_starling() && only.eq_ignore_ascii_case("starling"))
+    });
 
     // One key for both: 32 random bytes in standard base64, as `serf keygen` makes.
     let mut bytes = [0u8; 32];
@@ -704,7 +886,7 @@ fn main() {
         .iter()
         .map(|&kind| {
             let program = match kind {
-                Kind::Starling => starling_program(),
+                Kind::Starling | Kind::StarlingClassic => starling_program(),
                 Kind::Serf => serf_program(),
             };
             if let Err(why) = &program {
@@ -726,6 +908,9 @@ fn main() {
         );
         let mut by_kind = Vec::new();
         for (kind, program) in &programs {
+            if *kind == Kind::StarlingClassic {
+                continue;
+            }
             let figures = match program {
                 Ok(program) => measure(
                     *kind,
@@ -746,16 +931,39 @@ fn main() {
         rows.push((n, by_kind));
     }
 
+    let mut starved_rows = Vec::new();
+    if let Some((n, starved)) = starve {
+        let fabric = Fabric::create(n).unwrap();
+        for (kind, program) in &programs {
+            let figures = match program {
+                Ok(program) => starvation(
+                    *kind,
+                    &fabric,
+                    program.clone(),
+                    &key,
+                    starved,
+                    starve_window,
+                    starve_cpu,
+                ),
+                Err(why) => Starved {
+                    skipped: Some(why.clone()),
+                    ..Starved::default()
+                },
+            };
+            starved_rows.push((*kind, figures));
+        }
+    }
+
     let cell = |figures: Option<&Figures>, f: &dyn Fn(&Figures) -> String| match figures {
         Some(figures) if figures.skipped.is_none() => f(figures),
         _ => "n/a".into(),
     };
-    println!(
+    let mut table = String::from(
         "| members | digest to all, Starling (median / max) | Serf | down for all, Starling | Serf \
          | alive again for all, Starling | Serf | bytes/member/s, Starling | Serf \
-         | join, Starling | Serf |"
+         | join, Starling | Serf |\n\
+         | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n",
     );
-    println!("| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |");
     for (n, by_kind) in &rows {
         let of = |kind: Kind| by_kind.iter().find(|(k, _)| *k == kind).map(|(_, f)| f);
         let (starling, serf) = (of(Kind::Starling), of(Kind::Serf));
@@ -768,8 +976,8 @@ fn main() {
                 .unwrap_or_else(|| "–".into())
         };
         let join = |f: &Figures| show(f.join);
-        println!(
-            "| {n} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+        table.push_str(&format!(
+            "| {n} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |\n",
             cell(starling, &digest),
             cell(serf, &digest),
             cell(starling, &down),
@@ -780,9 +988,9 @@ fn main() {
             cell(serf, &bytes),
             cell(starling, &join),
             cell(serf, &join),
-        );
+        ));
     }
-    println!(
+    table.push_str(&format!(
         "\n{rounds} digest publications per size (member 0 to all others); the last member's \
          link cut {} times per size (`STARLING_GOSSIP_FAILURES`); a {} s quiet window for the \
          bytes (Ethernet frames sent by the members, over the number of members and seconds); \
@@ -791,10 +999,50 @@ fn main() {
             .unwrap_or_else(|_| "3 (2 above 10 members)".into()),
         quiet.as_secs(),
         started.elapsed().as_secs_f64()
-    );
+    ));
     for (kind, program) in &programs {
         if let Err(why) = program {
-            println!("{} not measured: {why}.", kind.name());
+            table.push_str(&format!("\n{} not measured: {why}.", kind.name()));
+        }
+    }
+    println!("{table}");
+
+    let mut starved_table = String::new();
+    if let Some((n, starved)) = starve {
+        starved_table.push_str(
+            "| implementation | healthy members declared down | starved members declared down \
+             | down declarations (observer × member) | all saw all before |\n\
+             | --- | ---: | ---: | ---: | --- |\n",
+        );
+        for (kind, figures) in &starved_rows {
+            match &figures.skipped {
+                Some(why) => starved_table.push_str(&format!(
+                    "| {} | n/a | n/a | n/a | not measured: {why} |\n",
+                    kind.name()
+                )),
+                None => starved_table.push_str(&format!(
+                    "| {} | {} of {} | {} of {starved} | {} | {} |\n",
+                    kind.name(),
+                    figures.healthy_down,
+                    n - starved,
+                    figures.starved_down,
+                    figures.declarations,
+                    if figures.settled { "yes" } else { "no" },
+                )),
+            }
+        }
+        starved_table.push_str(&format!(
+            "\n{n} members, members 1 to {starved} held to {} ms of CPU a second (a cgroup \
+             quota) for {} s; nobody failed, so every member declared down is a false positive.",
+            starve_cpu.as_millis(),
+            starve_window.as_secs()
+        ));
+        println!("\n{starved_table}");
+    }
+    if write {
+        starling_tests::write_bench_table("gossip", &table);
+        if !starved_table.is_empty() {
+            starling_tests::write_bench_table("gossip-starvation", &starved_table);
         }
     }
 }

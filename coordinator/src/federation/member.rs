@@ -2,7 +2,10 @@
 //! synthetic site digest, for benchmarks and experiments with many members
 //! on one machine. It prints what it sees as JSON lines on stdout and takes
 //! commands on stdin (`bump`: publish a new digest; `leave`: leave and exit).
-//! It runs until `leave` or a signal; a closed stdin only stops the commands.
+//! Like a coordinator, it publishes its digest when a site joins and at
+//! least every [`super::gossip::DIGEST_REFRESH`], so a lost digest is caught
+//! up. It runs until `leave` or a signal; a closed stdin only stops the
+//! commands.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -33,6 +36,9 @@ pub struct GossipMemberArgs {
         hide_env_values = true
     )]
     pub cluster_key: String,
+    /// Run SWIM without Lifeguard (as before it), for comparison.
+    #[arg(long)]
+    pub no_lifeguard: bool,
 }
 
 fn synthetic_digest(site: &SiteId, bind: SocketAddr, version: u64) -> SiteDigest {
@@ -71,6 +77,7 @@ pub async fn run(args: GossipMemberArgs) -> anyhow::Result<()> {
             bind: args.bind,
             advertise: None,
             seeds: args.seeds.clone(),
+            lifeguard: !args.no_lifeguard,
         },
         key,
     )
@@ -84,13 +91,16 @@ pub async fn run(args: GossipMemberArgs) -> anyhow::Result<()> {
     let mut lines = BufReader::new(tokio::io::stdin()).lines();
     let mut stdin_open = true;
     // As a coordinator does: newcomers learn this site's digest soon, with
-    // one publication per check however many joined meanwhile.
+    // one publication per check however many joined meanwhile, and the
+    // digest is published again at least every refresh period.
     let mut joined = false;
+    let mut published = tokio::time::Instant::now();
     let mut check = tokio::time::interval(super::DIGEST_CHECK);
     loop {
         tokio::select! {
-            _ = check.tick(), if joined => {
+            _ = check.tick(), if joined || published.elapsed() >= super::gossip::DIGEST_REFRESH => {
                 joined = false;
+                published = tokio::time::Instant::now();
                 version = crate::task::unix_now_ms().max(version + 1);
                 gossip.publish(&synthetic_digest(&site, args.bind, version)).map_err(anyhow::Error::msg)?;
             }
@@ -106,6 +116,7 @@ pub async fn run(args: GossipMemberArgs) -> anyhow::Result<()> {
             },
             line = lines.next_line(), if stdin_open => match line?.as_deref().map(str::trim) {
                 Some("bump") => {
+                    published = tokio::time::Instant::now();
                     version = crate::task::unix_now_ms().max(version + 1);
                     gossip.publish(&synthetic_digest(&site, args.bind, version)).map_err(anyhow::Error::msg)?;
                     print(&serde_json::json!({"event": "published", "version": version})).await?;

@@ -89,6 +89,7 @@ impl Federation {
                 bind: config.gossip_listen,
                 advertise: config.gossip_advertise,
                 seeds: config.seeds.clone(),
+                lifeguard: true,
             },
             key.clone(),
         )

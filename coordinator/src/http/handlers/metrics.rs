@@ -50,6 +50,10 @@ pub(crate) const SERIES: &[&str] = &[
     "starling_gossip_datagrams_refused_total",
     "starling_gossip_datagrams_malformed_total",
     "starling_gossip_digests_dropped_total",
+    "starling_gossip_datagrams_replayed_total",
+    "starling_gossip_syncs_total",
+    "starling_gossip_syncs_failed_total",
+    "starling_gossip_health_score",
 ];
 
 /// The states `starling_nodes` counts, in order.
@@ -298,9 +302,18 @@ pub(crate) async fn metrics(State(shared): State<Arc<Shared>>) -> Result<Respons
             ("starling_gossip_datagrams_refused_total", "Gossip datagrams dropped: not sealed with the cluster key, or over the size bound.", &gossip.refused),
             ("starling_gossip_datagrams_malformed_total", "Authenticated gossip datagrams the membership protocol could not use.", &gossip.malformed),
             ("starling_gossip_digests_dropped_total", "Site digests dropped because they did not decode.", &gossip.digests_dropped),
+            ("starling_gossip_datagrams_replayed_total", "Authenticated gossip datagrams and sync frames refused as replayed, or sealed outside the clock window.", &gossip.replayed),
+            ("starling_gossip_syncs_total", "Full state syncs with another site completed, either side.", &gossip.syncs),
+            ("starling_gossip_syncs_failed_total", "Full state syncs that failed: unreachable, timed out or refused.", &gossip.syncs_failed),
         ] {
             metric(name, "counter", help, &[(String::new(), counter.load(Relaxed))]);
         }
+        metric(
+            "starling_gossip_health_score",
+            "gauge",
+            "Lifeguard's local health score: 0 is healthy; each step scales the probe interval and timeout by one more.",
+            &[(String::new(), gossip.health_score.load(Relaxed))],
+        );
     }
     histogram(
         &mut text,

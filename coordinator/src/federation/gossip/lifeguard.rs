@@ -1,0 +1,586 @@
+//! Lifeguard (Dadgar, Phillips and Currey, 2017; what memberlist and Serf
+//! run) around foca's SWIM, which has none of it. foca does no I/O, so every
+//! message it sends or reads, every failed probe and every timer passes
+//! through the gossip loop; this state machine watches them and decides:
+//!
+//! - **Local health awareness.** A score from 0 to [`MAX_SCORE`] rises when
+//!   this member's own probes fail without the relays' nacks that would show
+//!   the network is fine, and when it has to refute a suspicion of itself; it
+//!   falls with each probe answered. Probe intervals and timeouts are scaled
+//!   by `score + 1`: a member starved of CPU probes more slowly instead of
+//!   accusing healthy peers it was too slow to hear.
+//! - **Nacks.** A relay asked to probe a member on another's behalf answers
+//!   the requester with a nack when the member stays silent, so the
+//!   requester can tell a dead member from its own deafness.
+//! - **Suspicion timeouts that shrink with confirmations.** A suspicion this
+//!   member raised starts at [`MAX_TIMEOUT_FACTOR`] × foca's timeout and
+//!   falls towards it, logarithmically, as other members report their own
+//!   failed probes of the suspect ([`wire::Suspect`]), each counted once.
+//!
+//! No I/O and no clock: instants are handed in, and what to do comes back.
+
+use std::collections::{HashMap, HashSet};
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use foca::{Header, Incarnation, Message, ProbeNumber, Timer};
+
+use super::wire::{Nack, Suspect};
+use super::MemberId;
+
+/// Highest local health score (memberlist's `AwarenessMaxMultiplier`).
+pub const MAX_SCORE: u32 = 8;
+/// A suspicion lasts at most this many times foca's timeout (memberlist's
+/// `SuspicionMaxTimeoutMult`).
+pub const MAX_TIMEOUT_FACTOR: u32 = 6;
+/// Independent confirmations that bring a suspicion to its shortest
+/// timeout (memberlist's `SuspicionMult - 2`).
+const CONFIRMATIONS: u32 = 2;
+/// A relay nacks once the probed member has been silent this long, a share
+/// of the probe timeout, so the nack reaches the requester in its round.
+const NACK_SHARE: f64 = 0.8;
+
+/// What the loop must do.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Action {
+    /// Hand this timer to foca now.
+    Deliver(Timer<MemberId>),
+    /// Send `nack` to `to`.
+    SendNack {
+        /// The requester.
+        to: SocketAddr,
+        /// What to tell it.
+        nack: Nack,
+    },
+}
+
+/// A probe of ours under way.
+#[derive(Debug)]
+struct Probe {
+    /// Relays asked to probe indirectly.
+    relays: HashSet<SocketAddr>,
+    /// Relays that nacked.
+    nacks: HashSet<SocketAddr>,
+}
+
+/// An indirect probe we relay for another member.
+#[derive(Debug)]
+struct Relay {
+    requester: SocketAddr,
+    target: SocketAddr,
+    probe_number: ProbeNumber,
+    nack_at_ms: u64,
+}
+
+/// A suspicion of ours, with foca's timer held back until it is due.
+#[derive(Debug)]
+struct Suspicion {
+    started_ms: u64,
+    min: Duration,
+    max: Duration,
+    /// Confirmations wanted to reach `min` (fewer in a small cluster).
+    wanted: u32,
+    confirmed_by: HashSet<SocketAddr>,
+    timer: Timer<MemberId>,
+}
+
+impl Suspicion {
+    /// memberlist's `remainingSuspicionTime`: from `max` down to `min` as
+    /// `log(confirmations + 1) / log(wanted + 1)`.
+    fn timeout(&self) -> Duration {
+        if self.wanted == 0 {
+            return self.min;
+        }
+        let confirmations = self.confirmed_by.len().min(self.wanted as usize) as f64;
+        let fraction = (confirmations + 1.0).ln() / (f64::from(self.wanted) + 1.0).ln();
+        let span = self.max.saturating_sub(self.min).as_secs_f64();
+        let timeout = self.max.as_secs_f64() - fraction * span;
+        Duration::from_secs_f64(timeout.max(self.min.as_secs_f64()))
+    }
+
+    fn due_ms(&self) -> u64 {
+        self.started_ms
+            .saturating_add(u64::try_from(self.timeout().as_millis()).unwrap_or(u64::MAX))
+    }
+}
+
+/// Lifeguard's state for one member.
+#[derive(Debug)]
+pub struct Lifeguard {
+    enabled: bool,
+    own: SocketAddr,
+    score: u32,
+    probes: HashMap<ProbeNumber, Probe>,
+    relays: Vec<Relay>,
+    suspicions: HashMap<(SocketAddr, Incarnation), Suspicion>,
+    incarnation: Option<Incarnation>,
+    /// Suspicions that ran to their end (the member declared down).
+    pub expired: u64,
+}
+
+impl Lifeguard {
+    /// For the member gossiping at `own`; `enabled: false` passes every timer
+    /// through unchanged and sends nothing (SWIM as foca runs it).
+    pub fn new(own: SocketAddr, enabled: bool) -> Self {
+        Self {
+            enabled,
+            own,
+            score: 0,
+            probes: HashMap::new(),
+            relays: Vec::new(),
+            suspicions: HashMap::new(),
+            incarnation: None,
+            expired: 0,
+        }
+    }
+
+    /// Whether it is on.
+    pub fn enabled(&self) -> bool {
+        self.enabled
+    }
+
+    /// The local health score (0 is healthy).
+    pub fn score(&self) -> u32 {
+        self.score
+    }
+
+    fn change_score(&mut self, delta: i64) {
+        let score = (i64::from(self.score) + delta).clamp(0, i64::from(MAX_SCORE));
+        self.score = u32::try_from(score).unwrap_or(MAX_SCORE);
+    }
+
+    /// foca sent `header`.
+    pub fn sent(&mut self, header: &Header<MemberId>) {
+        if !self.enabled {
+            return;
+        }
+        // Our incarnation only grows to refute a suspicion of ourselves:
+        // the others found us slow, which is a sign of our own ill health.
+        if let Some(previous) = self.incarnation {
+            if header.src_incarnation > previous {
+                self.change_score(1);
+            }
+        }
+        self.incarnation = Some(header.src_incarnation);
+        match &header.message {
+            Message::Ping(probe_number) => {
+                self.probes.insert(
+                    *probe_number,
+                    Probe {
+                        relays: HashSet::new(),
+                        nacks: HashSet::new(),
+                    },
+                );
+            }
+            Message::PingReq { probe_number, .. } => {
+                if let Some(probe) = self.probes.get_mut(probe_number) {
+                    probe.relays.insert(header.dst.addr);
+                }
+            }
+            _ => {}
+        }
+    }
+
+    /// foca read `header`, at `now_ms`; `probe_timeout` is foca's, unscaled.
+    pub fn received(&mut self, header: &Header<MemberId>, now_ms: u64, probe_timeout: Duration) {
+        if !self.enabled {
+            return;
+        }
+        match &header.message {
+            Message::Ack(probe_number) | Message::ForwardedAck { probe_number, .. } => {
+                if self.probes.remove(probe_number).is_some() {
+                    self.change_score(-1);
+                }
+            }
+            Message::PingReq {
+                target,
+                probe_number,
+            } => {
+                let after = probe_timeout.mul_f64(NACK_SHARE);
+                self.relays.push(Relay {
+                    requester: header.src.addr,
+                    target: target.addr,
+                    probe_number: *probe_number,
+                    nack_at_ms: now_ms
+                        .saturating_add(u64::try_from(after.as_millis()).unwrap_or(u64::MAX)),
+                });
+            }
+            // The member we probe for `target` answered: no nack owed.
+            Message::IndirectAck {
+                target,
+                probe_number,
+            } => self.relays.retain(|relay| {
+                !(relay.requester == target.addr
+                    && relay.target == header.src.addr
+                    && relay.probe_number == *probe_number)
+            }),
+            _ => {}
+        }
+    }
+
+    /// A relay's nack arrived.
+    pub fn nack(&mut self, nack: &Nack) {
+        if let Some(probe) = self.probes.get_mut(&nack.probe_number) {
+            if probe.relays.contains(&nack.relay) {
+                probe.nacks.insert(nack.relay);
+            }
+        }
+    }
+
+    /// foca gave up on our probe `probe_number`. Every relay that failed to
+    /// nack counts against our own health (we may be the deaf one); with no
+    /// relay to ask, the failure itself does.
+    pub fn probe_failed(&mut self, probe_number: ProbeNumber) {
+        if !self.enabled {
+            return;
+        }
+        let probe = self.probes.remove(&probe_number);
+        let missed = match probe {
+            Some(probe) if !probe.relays.is_empty() => {
+                probe.relays.len().saturating_sub(probe.nacks.len())
+            }
+            _ => 1,
+        };
+        self.change_score(i64::try_from(missed).unwrap_or(i64::MAX));
+    }
+
+    /// Another member's independent suspicion of a member.
+    pub fn confirm(&mut self, suspect: &Suspect) {
+        if let Some(suspicion) = self
+            .suspicions
+            .get_mut(&(suspect.member.addr, suspect.incarnation))
+        {
+            if suspect.from != suspect.member.addr && suspect.from != self.own {
+                suspicion.confirmed_by.insert(suspect.from);
+            }
+        }
+    }
+
+    /// foca asks for `timer` after `after`, at `now_ms`, in a cluster of
+    /// `members` others: the delay to wait, or `None` when Lifeguard holds
+    /// the timer (a suspicion; [`Lifeguard::poll`] hands it back when due).
+    pub fn schedule(
+        &mut self,
+        timer: Timer<MemberId>,
+        after: Duration,
+        now_ms: u64,
+        members: usize,
+    ) -> Option<(Timer<MemberId>, Duration)> {
+        if !self.enabled {
+            return Some((timer, after));
+        }
+        match &timer {
+            Timer::ProbeRandomMember(_) | Timer::SendIndirectProbe { .. } => {
+                Some((timer, after.saturating_mul(self.score + 1)))
+            }
+            Timer::ChangeSuspectToDown {
+                member_id,
+                incarnation,
+                ..
+            } => {
+                // With too few others to confirm, waiting for them only
+                // delays detection (memberlist does the same).
+                let wanted = if members.saturating_sub(1) < CONFIRMATIONS as usize {
+                    0
+                } else {
+                    CONFIRMATIONS
+                };
+                let key = (member_id.addr, *incarnation);
+                self.suspicions.insert(
+                    key,
+                    Suspicion {
+                        started_ms: now_ms,
+                        min: after,
+                        max: after.saturating_mul(MAX_TIMEOUT_FACTOR),
+                        wanted,
+                        confirmed_by: HashSet::new(),
+                        timer,
+                    },
+                );
+                None
+            }
+            _ => Some((timer, after)),
+        }
+    }
+
+    /// What is due at `now_ms`.
+    pub fn poll(&mut self, now_ms: u64) -> Vec<Action> {
+        let mut actions = Vec::new();
+        let due: Vec<(SocketAddr, Incarnation)> = self
+            .suspicions
+            .iter()
+            .filter(|(_, suspicion)| suspicion.due_ms() <= now_ms)
+            .map(|(key, _)| *key)
+            .collect();
+        for key in due {
+            if let Some(suspicion) = self.suspicions.remove(&key) {
+                self.expired += 1;
+                actions.push(Action::Deliver(suspicion.timer));
+            }
+        }
+        let own = self.own;
+        self.relays.retain(|relay| {
+            if relay.nack_at_ms > now_ms {
+                return true;
+            }
+            actions.push(Action::SendNack {
+                to: relay.requester,
+                nack: Nack {
+                    relay: own,
+                    probe_number: relay.probe_number,
+                },
+            });
+            false
+        });
+        actions
+    }
+
+    /// Forgets a suspicion that ended otherwise (refuted, or the member
+    /// declared down by someone else).
+    pub fn forget(&mut self, member: SocketAddr, incarnation: Incarnation) {
+        self.suspicions.remove(&(member, incarnation));
+    }
+
+    /// Suspicions held now, as (member, incarnation).
+    pub fn suspicions(&self) -> Vec<(SocketAddr, Incarnation)> {
+        self.suspicions.keys().copied().collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+    use super::*;
+
+    fn id(port: u16) -> MemberId {
+        MemberId {
+            site: format!("m{port}"),
+            addr: SocketAddr::from(([127, 0, 0, 1], port)),
+            bump: 1,
+        }
+    }
+
+    fn header(
+        src: u16,
+        dst: u16,
+        incarnation: Incarnation,
+        message: Message<MemberId>,
+    ) -> Header<MemberId> {
+        Header {
+            src: id(src),
+            src_incarnation: incarnation,
+            dst: id(dst),
+            message,
+        }
+    }
+
+    const RTT: Duration = Duration::from_millis(500);
+
+    #[test]
+    fn failed_probes_without_nacks_and_refutations_raise_the_score_which_slows_probing() {
+        let mut guard = Lifeguard::new(id(1).addr, true);
+        let probe = Timer::ProbeRandomMember(0);
+        assert_eq!(
+            guard.schedule(probe.clone(), Duration::from_secs(1), 0, 5),
+            Some((probe.clone(), Duration::from_secs(1)))
+        );
+        // A probe with no relay fails: +1.
+        guard.sent(&header(1, 2, 0, Message::Ping(7)));
+        guard.probe_failed(7);
+        assert_eq!(guard.score(), 1);
+        // Three relays asked, one nacked: the two silent ones count.
+        guard.sent(&header(1, 2, 0, Message::Ping(8)));
+        for relay in [3, 4, 5] {
+            guard.sent(&header(
+                1,
+                relay,
+                0,
+                Message::PingReq {
+                    target: id(2),
+                    probe_number: 8,
+                },
+            ));
+        }
+        guard.nack(&Nack {
+            relay: id(3).addr,
+            probe_number: 8,
+        });
+        // A nack from a member that was not asked does not count.
+        guard.nack(&Nack {
+            relay: id(9).addr,
+            probe_number: 8,
+        });
+        guard.probe_failed(8);
+        assert_eq!(guard.score(), 3);
+        // Every relay nacked: the target is gone, our network is fine.
+        guard.sent(&header(1, 2, 0, Message::Ping(9)));
+        guard.sent(&header(
+            1,
+            3,
+            0,
+            Message::PingReq {
+                target: id(2),
+                probe_number: 9,
+            },
+        ));
+        guard.nack(&Nack {
+            relay: id(3).addr,
+            probe_number: 9,
+        });
+        guard.probe_failed(9);
+        assert_eq!(guard.score(), 3);
+        // Refuting a suspicion of ourselves (our incarnation grows): +1.
+        guard.sent(&header(1, 2, 1, Message::Gossip));
+        assert_eq!(guard.score(), 4);
+        assert_eq!(
+            guard.schedule(probe.clone(), Duration::from_secs(1), 0, 5),
+            Some((probe.clone(), Duration::from_secs(5)))
+        );
+        // Answered probes bring it back down, to 0 at the least.
+        for n in 10..20 {
+            guard.sent(&header(1, 2, 1, Message::Ping(n)));
+            guard.received(&header(2, 1, 0, Message::Ack(n)), 0, RTT);
+        }
+        assert_eq!(guard.score(), 0);
+        // An ack for a probe we never sent changes nothing.
+        guard.change_score(2);
+        guard.received(&header(2, 1, 0, Message::Ack(99)), 0, RTT);
+        assert_eq!(guard.score(), 2);
+        for _ in 0..20 {
+            guard.probe_failed(1);
+        }
+        assert_eq!(guard.score(), MAX_SCORE);
+    }
+
+    #[test]
+    fn a_relay_nacks_when_the_target_stays_silent_and_not_when_it_answers() {
+        let mut guard = Lifeguard::new(id(3).addr, true);
+        guard.received(
+            &header(
+                1,
+                3,
+                0,
+                Message::PingReq {
+                    target: id(2),
+                    probe_number: 4,
+                },
+            ),
+            1_000,
+            RTT,
+        );
+        guard.received(
+            &header(
+                5,
+                3,
+                0,
+                Message::PingReq {
+                    target: id(2),
+                    probe_number: 6,
+                },
+            ),
+            1_000,
+            RTT,
+        );
+        // The target answers the probe relayed for member 5 only.
+        guard.received(
+            &header(
+                2,
+                3,
+                0,
+                Message::IndirectAck {
+                    target: id(5),
+                    probe_number: 6,
+                },
+            ),
+            1_100,
+            RTT,
+        );
+        assert_eq!(guard.poll(1_399), vec![]);
+        assert_eq!(
+            guard.poll(1_400),
+            vec![Action::SendNack {
+                to: id(1).addr,
+                nack: Nack {
+                    relay: id(3).addr,
+                    probe_number: 4
+                }
+            }]
+        );
+        assert_eq!(guard.poll(5_000), vec![]);
+    }
+
+    #[test]
+    fn a_suspicion_starts_long_and_shrinks_with_each_independent_confirmation() {
+        let mut guard = Lifeguard::new(id(1).addr, true);
+        let down = Timer::ChangeSuspectToDown {
+            member_id: id(2),
+            incarnation: 3,
+            token: 0,
+        };
+        let min = Duration::from_secs(4);
+        assert_eq!(guard.schedule(down.clone(), min, 10_000, 10), None);
+        // Alone, it waits 6 × 4 s.
+        assert_eq!(guard.poll(10_000 + 23_999), vec![]);
+        let suspect = |from: u16, incarnation| Suspect {
+            from: id(from).addr,
+            member: id(2),
+            incarnation,
+        };
+        // One confirmation: 24 − 20 × ln 2 / ln 3 = 11.38 s.
+        guard.confirm(&suspect(3, 3));
+        // The same member again, the suspect itself, ourselves, or another
+        // incarnation: not independent confirmations.
+        guard.confirm(&suspect(3, 3));
+        guard.confirm(&suspect(2, 3));
+        guard.confirm(&suspect(1, 3));
+        guard.confirm(&suspect(4, 2));
+        assert_eq!(guard.poll(10_000 + 11_380), vec![]);
+        guard.confirm(&suspect(4, 3));
+        // Two: down to foca's own 4 s, which has passed.
+        assert_eq!(
+            guard.poll(10_000 + 11_380),
+            vec![Action::Deliver(down.clone())]
+        );
+        assert_eq!(guard.expired, 1);
+        assert!(guard.suspicions().is_empty());
+
+        // Refuted before it is due: forgotten, never delivered.
+        assert_eq!(guard.schedule(down.clone(), min, 0, 10), None);
+        guard.forget(id(2).addr, 3);
+        assert_eq!(guard.poll(60_000), vec![]);
+
+        // In a cluster too small to confirm, foca's timeout stands.
+        assert_eq!(guard.schedule(down.clone(), min, 0, 2), None);
+        assert_eq!(guard.poll(3_999), vec![]);
+        assert_eq!(guard.poll(4_000), vec![Action::Deliver(down)]);
+    }
+
+    #[test]
+    fn switched_off_it_passes_timers_through_and_keeps_no_score() {
+        let mut guard = Lifeguard::new(id(1).addr, false);
+        let down = Timer::ChangeSuspectToDown {
+            member_id: id(2),
+            incarnation: 3,
+            token: 0,
+        };
+        let min = Duration::from_secs(4);
+        assert_eq!(guard.schedule(down.clone(), min, 0, 10), Some((down, min)));
+        guard.sent(&header(1, 2, 0, Message::Ping(1)));
+        guard.probe_failed(1);
+        guard.received(
+            &header(
+                1,
+                3,
+                0,
+                Message::PingReq {
+                    target: id(2),
+                    probe_number: 4,
+                },
+            ),
+            0,
+            RTT,
+        );
+        assert_eq!(guard.score(), 0);
+        assert_eq!(guard.poll(60_000), vec![]);
+    }
+}

@@ -1,0 +1,519 @@
+//! Membership, failure detection and digest dissemination: foca's SWIM over
+//! UDP, with Lifeguard ([`lifeguard`]) and full state sync over TCP
+//! ([`sync`]) around it. foca does no I/O; the loop ([`run`]) feeds it
+//! datagrams and timers and carries out what it asks for (send, schedule,
+//! notify). Every datagram is sealed with the cluster key ([`super::key`])
+//! and carries its sender's clock ([`wire`]) on the way out, and must open,
+//! be in the clock window and never seen before on the way in, so foca only
+//! ever parses authenticated, fresh bytes. Site digests ride on foca's
+//! custom broadcasts ([`digests`]).
+
+pub(crate) mod digests;
+pub mod lifeguard;
+mod run;
+pub mod sync;
+pub mod wire;
+
+use std::net::SocketAddr;
+use std::num::{NonZeroU32, NonZeroUsize};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use foca::{Config, Foca, Identity, PostcardCodec};
+use serde::{Deserialize, Serialize};
+use starling_proto::site::MAX_DIGEST_BYTES;
+use starling_proto::{SiteDigest, SiteId};
+use tokio::net::{TcpListener, UdpSocket};
+use tokio::sync::{broadcast, mpsc};
+
+use super::key::{ClusterKey, SEAL_OVERHEAD};
+use super::sites::SiteTable;
+use digests::{lock, DigestHandler};
+
+/// Largest datagram sent or accepted, sealed: under a 1500-byte MTU.
+pub const MAX_DATAGRAM: usize = 1400;
+/// What the envelope ([`wire`]) adds inside the seal: kind and clock.
+const ENVELOPE: usize = 9;
+/// How often a coordinator with no live peer announces itself to its seeds.
+const SEED_RETRY: Duration = Duration::from_secs(1);
+/// How often a site's digest is published even when nothing changed, so a
+/// digest lost on the way, or a member that joined late, is caught up.
+pub const DIGEST_REFRESH: Duration = Duration::from_secs(10);
+
+/// A gossip member: the site, where it listens, and a generation that
+/// grows with every start and every rejoin, so a restarted or cut-off
+/// coordinator wins over the memory of its former self.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct MemberId {
+    /// The site's name; empty for a seed not yet heard from.
+    pub site: String,
+    /// Where it gossips (UDP, and TCP for state sync).
+    pub addr: SocketAddr,
+    /// Generation.
+    pub bump: u32,
+}
+
+impl Identity for MemberId {
+    type Addr = SocketAddr;
+
+    fn renew(&self) -> Option<Self> {
+        Some(Self {
+            bump: self.bump.wrapping_add(1),
+            ..self.clone()
+        })
+    }
+
+    fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    fn win_addr_conflict(&self, adversary: &Self) -> bool {
+        self.bump > adversary.bump
+    }
+}
+
+/// What the gossip layer saw, for whoever listens (the `gossip-member`
+/// benchmark process prints these).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(tag = "event", rename_all = "lowercase")]
+pub enum GossipEvent {
+    /// A site is alive (joined, rejoined, or refuted a suspicion).
+    Up {
+        /// The site.
+        site: String,
+    },
+    /// A site was declared down (or left).
+    Down {
+        /// The site.
+        site: String,
+    },
+    /// A newer digest of another site arrived.
+    Digest {
+        /// The site.
+        site: String,
+        /// Its version.
+        version: u64,
+    },
+}
+
+/// Counters exported on `/metrics`.
+#[derive(Debug, Default)]
+pub struct GossipCounters {
+    /// Datagrams sent.
+    pub datagrams_out: AtomicU64,
+    /// Bytes sent, sealed.
+    pub bytes_out: AtomicU64,
+    /// Datagrams received.
+    pub datagrams_in: AtomicU64,
+    /// Bytes received.
+    pub bytes_in: AtomicU64,
+    /// Datagrams that did not open with the cluster key (or were too short or too long).
+    pub refused: AtomicU64,
+    /// Authenticated datagrams played again, or sealed outside the clock window.
+    pub replayed: AtomicU64,
+    /// Authenticated datagrams foca could not use.
+    pub malformed: AtomicU64,
+    /// Site digests that did not decode (oversize, malformed, foreign version).
+    pub digests_dropped: AtomicU64,
+    /// State syncs completed, either side.
+    pub syncs: AtomicU64,
+    /// State syncs that failed (unreachable, timed out, refused).
+    pub syncs_failed: AtomicU64,
+    /// Lifeguard's local health score now (0 is healthy).
+    pub health_score: AtomicU64,
+}
+
+fn add(counter: &AtomicU64, n: u64) {
+    counter.fetch_add(n, Ordering::Relaxed);
+}
+
+/// How to run the gossip layer.
+#[derive(Debug, Clone)]
+pub struct GossipConfig {
+    /// This coordinator's site.
+    pub site: SiteId,
+    /// The UDP address to bind, and the TCP address for state sync.
+    pub bind: SocketAddr,
+    /// The address peers reach this one at, when not the bound one (bound to
+    /// 0.0.0.0, or behind NAT).
+    pub advertise: Option<SocketAddr>,
+    /// Members to announce to at start and whenever no peer is alive.
+    pub seeds: Vec<SocketAddr>,
+    /// Lifeguard on (the default); off runs SWIM as foca does, for comparison.
+    pub lifeguard: bool,
+}
+
+/// Why the gossip layer could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum GossipError {
+    /// The UDP or TCP address could not be bound.
+    #[error("cannot bind gossip on {addr}: {reason}; pass --gossip-listen with a free address")]
+    Bind {
+        /// The address.
+        addr: SocketAddr,
+        /// The OS's words.
+        reason: String,
+    },
+    /// Bound to every interface without an address to advertise.
+    #[error("gossip is bound to {0}, which peers cannot reach; pass --gossip-advertise with this host's address")]
+    Unspecified(SocketAddr),
+}
+
+/// memberlist's LAN profile (what Serf's `-profile=lan` runs), with the
+/// suspicion timeout and retransmissions scaled to the cluster's size, and
+/// down members re-announced to every 2 s so a site cut off and reconnected
+/// rejoins in seconds. Lifeguard stretches probe intervals and suspicion
+/// timeouts from these.
+fn lan_config(members: usize) -> Config {
+    let size = NonZeroU32::new(u32::try_from(members.max(1)).unwrap_or(u32::MAX))
+        .unwrap_or(NonZeroU32::MIN);
+    let mut config = Config::new_lan(size);
+    config.max_packet_size =
+        NonZeroUsize::new(MAX_DATAGRAM - SEAL_OVERHEAD - ENVELOPE).unwrap_or(NonZeroUsize::MIN);
+    config.periodic_announce_to_down_members = Some(foca::PeriodicParams {
+        frequency: Duration::from_secs(2),
+        num_members: NonZeroUsize::MIN.saturating_add(1),
+    });
+    config
+}
+
+/// What the handle asks of the loop.
+enum Command {
+    Publish(Vec<u8>),
+    Leave(tokio::sync::oneshot::Sender<()>),
+}
+
+/// The running gossip layer.
+#[derive(Debug, Clone)]
+pub struct Gossip {
+    commands: mpsc::Sender<Command>,
+    table: Arc<Mutex<SiteTable>>,
+    events: broadcast::Sender<GossipEvent>,
+    counters: Arc<GossipCounters>,
+    local_addr: SocketAddr,
+}
+
+/// Binds UDP on `addr` and TCP on the same address and port: peers reach
+/// both at one advertised address. With port 0, the port UDP got may be
+/// taken for TCP; then another is tried.
+async fn bind(addr: SocketAddr) -> Result<(UdpSocket, TcpListener), GossipError> {
+    let failed = |error: std::io::Error| GossipError::Bind {
+        addr,
+        reason: crate::describe_bind_error(&error),
+    };
+    let mut tries = 0;
+    loop {
+        let socket = UdpSocket::bind(addr).await.map_err(failed)?;
+        let bound = socket.local_addr().map_err(failed)?;
+        match TcpListener::bind(bound).await {
+            Ok(listener) => return Ok((socket, listener)),
+            Err(error) if addr.port() == 0 && tries < 16 => {
+                tries += 1;
+                tracing::debug!(%error, %bound, "gossip port taken for TCP; trying another");
+            }
+            Err(error) => return Err(failed(error)),
+        }
+    }
+}
+
+impl Gossip {
+    /// Binds the sockets and starts the loop on the current runtime; every
+    /// datagram and sync frame is sealed and opened with `key`.
+    pub async fn start(config: GossipConfig, key: Arc<ClusterKey>) -> Result<Self, GossipError> {
+        let (socket, listener) = bind(config.bind).await?;
+        let bound = socket.local_addr().map_err(|error| GossipError::Bind {
+            addr: config.bind,
+            reason: error.to_string(),
+        })?;
+        let local_addr = match config.advertise {
+            Some(addr) => addr,
+            None if bound.ip().is_unspecified() => return Err(GossipError::Unspecified(bound)),
+            None => bound,
+        };
+        let table = Arc::new(Mutex::new(SiteTable::new(
+            config.site.as_str(),
+            local_addr,
+            std::time::Instant::now(),
+        )));
+        let (events, _) = broadcast::channel(1024);
+        let (commands, commands_rx) = mpsc::channel(64);
+        let counters = Arc::new(GossipCounters::default());
+        // A generation from the wall clock: greater than any this site had
+        // before a restart.
+        let bump = u32::try_from(crate::task::unix_now_ms() / 1000).unwrap_or(u32::MAX);
+        let identity = MemberId {
+            site: config.site.to_string(),
+            addr: local_addr,
+            bump,
+        };
+        let handler = DigestHandler {
+            table: table.clone(),
+            events: events.clone(),
+            latest: digests::Latest::default(),
+        };
+        let rng: rand010::rngs::StdRng = rand010::make_rng();
+        let foca = Foca::with_custom_broadcast(
+            identity,
+            lan_config(1),
+            rng,
+            PostcardCodec,
+            handler.clone(),
+        );
+        let seeds = config
+            .seeds
+            .iter()
+            .copied()
+            .filter(|seed| *seed != local_addr && *seed != bound)
+            .collect();
+        let (syncs_tx, syncs_rx) = mpsc::channel(16);
+        tokio::spawn(sync::serve(listener, key.clone(), syncs_tx));
+        let state = run::Loop::new(run::Parts {
+            foca,
+            socket: Arc::new(socket),
+            key,
+            digests: handler,
+            events: events.clone(),
+            counters: counters.clone(),
+            seeds,
+            lifeguard: lifeguard::Lifeguard::new(local_addr, config.lifeguard),
+        });
+        tokio::spawn(state.run(commands_rx, syncs_rx));
+        Ok(Self {
+            commands,
+            table,
+            events,
+            counters,
+            local_addr,
+        })
+    }
+
+    /// Where peers reach this member.
+    pub fn local_addr(&self) -> SocketAddr {
+        self.local_addr
+    }
+
+    /// Spreads this site's digest (encoded and checked here).
+    pub fn publish(&self, digest: &SiteDigest) -> Result<(), String> {
+        let bytes = starling_proto::encode(digest).map_err(|error| error.to_string())?;
+        if bytes.len() > MAX_DIGEST_BYTES {
+            return Err(format!(
+                "digest of {} bytes exceeds {MAX_DIGEST_BYTES}",
+                bytes.len()
+            ));
+        }
+        self.commands
+            .try_send(Command::Publish(bytes))
+            .map_err(|_| "the gossip loop is not running or is overloaded".to_string())
+    }
+
+    /// The site table.
+    pub fn table(&self) -> MutexGuard<'_, SiteTable> {
+        lock(&self.table)
+    }
+
+    /// Membership and digest events from now on.
+    pub fn subscribe(&self) -> broadcast::Receiver<GossipEvent> {
+        self.events.subscribe()
+    }
+
+    /// Traffic and refusal counters.
+    pub fn counters(&self) -> &GossipCounters {
+        &self.counters
+    }
+
+    /// Tells the others this site leaves, then stops the loop.
+    pub async fn leave(&self) {
+        let (done, wait) = tokio::sync::oneshot::channel();
+        if self.commands.send(Command::Leave(done)).await.is_ok() {
+            let _ = tokio::time::timeout(Duration::from_secs(2), wait).await;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+    use super::*;
+    use std::time::Instant;
+
+    fn key() -> Arc<ClusterKey> {
+        Arc::new(ClusterKey::parse(&ClusterKey::generate().unwrap()).unwrap())
+    }
+
+    fn config(site: &str, seeds: Vec<SocketAddr>) -> GossipConfig {
+        GossipConfig {
+            site: SiteId::new(site).unwrap(),
+            bind: "127.0.0.1:0".parse().unwrap(),
+            advertise: None,
+            seeds,
+            lifeguard: true,
+        }
+    }
+
+    pub(super) fn digest(site: &str, version: u64) -> SiteDigest {
+        SiteDigest {
+            v: starling_proto::PROTOCOL_VERSION,
+            site: SiteId::new(site).unwrap(),
+            version,
+            api_url: heapless::String::try_from("http://127.0.0.1:1").unwrap(),
+            nodes: 0,
+            classes: heapless::Vec::new(),
+            power: heapless::Vec::new(),
+            pending: 0,
+            running: 0,
+            slack_ms: None,
+            watts: 0.0,
+            artifacts: heapless::Vec::new(),
+        }
+    }
+
+    async fn wait_until(what: &str, mut done: impl FnMut() -> bool) {
+        let start = Instant::now();
+        while !done() {
+            assert!(start.elapsed() < Duration::from_secs(10), "{what}");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    #[tokio::test]
+    async fn members_find_each_other_spread_digests_and_drop_what_does_not_authenticate() {
+        let key = key();
+        let a = Gossip::start(config("a", vec![]), key.clone())
+            .await
+            .unwrap();
+        let b = Gossip::start(config("b", vec![a.local_addr()]), key.clone())
+            .await
+            .unwrap();
+        wait_until("a and b see each other", || {
+            a.table().is_alive("b") && b.table().is_alive("a")
+        })
+        .await;
+        b.publish(&digest("b", 7)).unwrap();
+        wait_until("a has b's digest", || {
+            a.table().peers().iter().any(|p| p.digest.version == 7)
+        })
+        .await;
+
+        // Noise, a datagram sealed with another key, one over the size bound,
+        // and a sealed one that is not gossip: none reaches foca's state.
+        let before = a.table().entries(Instant::now()).len();
+        let raw = UdpSocket::bind("127.0.0.1:0").await.unwrap();
+        raw.send_to(b"hello", a.local_addr()).await.unwrap();
+        raw.send_to(&self::key().seal(b"forged").unwrap(), a.local_addr())
+            .await
+            .unwrap();
+        raw.send_to(&vec![0u8; MAX_DATAGRAM + 1], a.local_addr())
+            .await
+            .unwrap();
+        raw.send_to(&key.seal(&[0xff; 64]).unwrap(), a.local_addr())
+            .await
+            .unwrap();
+        wait_until("refusals counted", || {
+            a.counters().refused.load(Ordering::Relaxed) >= 3
+                && a.counters().malformed.load(Ordering::Relaxed) >= 1
+        })
+        .await;
+        assert_eq!(a.table().entries(Instant::now()).len(), before);
+        assert!(a.table().is_alive("b"));
+
+        // A member that leaves is marked down at once.
+        b.leave().await;
+        wait_until("a marks b down", || !a.table().is_alive("b")).await;
+    }
+
+    #[tokio::test]
+    async fn a_recorded_datagram_played_again_or_sealed_outside_the_clock_window_is_refused() {
+        let key = key();
+        let a = Gossip::start(config("a", vec![]), key.clone())
+            .await
+            .unwrap();
+        let raw = UdpSocket::bind("127.0.0.1:0").await.unwrap();
+        let nack = postcard::to_allocvec(&wire::Nack {
+            relay: raw.local_addr().unwrap(),
+            probe_number: 1,
+        })
+        .unwrap();
+        let recorded = key
+            .seal(&wire::frame(
+                wire::Kind::Nack,
+                crate::task::unix_now_ms(),
+                &nack,
+            ))
+            .unwrap();
+        raw.send_to(&recorded, a.local_addr()).await.unwrap();
+        wait_until("the first copy is read", || {
+            a.counters().datagrams_in.load(Ordering::Relaxed) >= 1
+        })
+        .await;
+        assert_eq!(a.counters().replayed.load(Ordering::Relaxed), 0);
+        raw.send_to(&recorded, a.local_addr()).await.unwrap();
+        let old = crate::task::unix_now_ms() - wire::REPLAY_WINDOW_MS - 1_000;
+        let stale = key
+            .seal(&wire::frame(wire::Kind::Nack, old, &nack))
+            .unwrap();
+        raw.send_to(&stale, a.local_addr()).await.unwrap();
+        wait_until("the replay and the stale one are refused", || {
+            a.counters().replayed.load(Ordering::Relaxed) == 2
+        })
+        .await;
+        assert_eq!(a.counters().malformed.load(Ordering::Relaxed), 0);
+    }
+
+    /// Before state sync, members started together and seeded by one member
+    /// never converged: foca hands a joiner the few members one datagram
+    /// holds, and the rest depended on updates already spent.
+    #[tokio::test]
+    async fn members_started_together_all_see_all_and_a_late_joiner_gets_every_digest_at_once() {
+        let key = key();
+        let seed = Gossip::start(config("m0", vec![]), key.clone())
+            .await
+            .unwrap();
+        let mut members = vec![seed.clone()];
+        for i in 1..16 {
+            members.push(
+                Gossip::start(
+                    config(&format!("m{i}"), vec![seed.local_addr()]),
+                    key.clone(),
+                )
+                .await
+                .unwrap(),
+            );
+        }
+        let names: Vec<String> = (0..16).map(|i| format!("m{i}")).collect();
+        wait_until("all 16 see all", || {
+            members.iter().enumerate().all(|(i, member)| {
+                let table = member.table();
+                names
+                    .iter()
+                    .enumerate()
+                    .all(|(j, name)| i == j || table.is_alive(name))
+            })
+        })
+        .await;
+        for (i, member) in members.iter().enumerate() {
+            member
+                .publish(&digest(&format!("m{i}"), 100 + i as u64))
+                .unwrap();
+        }
+        wait_until("the seed has every digest", || {
+            seed.table().peers().len() == 15
+        })
+        .await;
+        // Nobody publishes again: the newcomer's digests come by sync.
+        let late = Gossip::start(config("late", vec![seed.local_addr()]), key.clone())
+            .await
+            .unwrap();
+        let joined = Instant::now();
+        wait_until("the newcomer has all 16 digests", || {
+            late.table().peers().len() == 16
+        })
+        .await;
+        assert!(
+            joined.elapsed() < Duration::from_secs(3),
+            "took {:?}",
+            joined.elapsed()
+        );
+        assert!(late.counters().syncs.load(Ordering::Relaxed) >= 1);
+    }
+}
