@@ -219,6 +219,8 @@ pub struct FileConfig {
     pub topic_prefix: Option<String>,
     /// `--api-token`.
     pub api_token: Option<String>,
+    /// `--insecure-no-auth`.
+    pub insecure_no_auth: Option<bool>,
     /// Attempts per task.
     pub max_attempts: Option<u32>,
     /// Largest artifact, in bytes.
@@ -269,6 +271,8 @@ pub struct FileConfig {
     pub seeds: Option<Vec<String>>,
     /// `--cluster-key`.
     pub cluster_key: Option<String>,
+    /// `--cluster-key-file`.
+    pub cluster_key_file: Option<PathBuf>,
     /// `--site-link-mbps`.
     pub site_link_mbps: Option<f64>,
     /// `--forward-timeout`.
@@ -318,6 +322,10 @@ pub struct ServeArgs {
         hide_env_values = true
     )]
     pub api_token: Option<String>,
+    /// Let a coordinator whose --listen is not a loopback address start without --api-token,
+    /// so that anyone who reaches it may call every route (an isolated test network only).
+    #[arg(long, env = "STARLING_INSECURE_NO_AUTH")]
+    pub insecure_no_auth: bool,
     /// Silence after which a node is suspected and its tasks re-placed, like 5s or 500ms [default: 5s].
     #[arg(long, env = "STARLING_NODE_TIMEOUT", value_name = "DURATION")]
     pub node_timeout: Option<String>,
@@ -421,6 +429,15 @@ pub struct ServeArgs {
         hide_env_values = true
     )]
     pub cluster_key: Option<String>,
+    /// A file holding the cluster key (what `starling-coordinator cluster-key` prints), instead
+    /// of --cluster-key, whose value any local user can read in /proc.
+    #[arg(
+        long,
+        env = "STARLING_CLUSTER_KEY_FILE",
+        value_name = "FILE",
+        conflicts_with = "cluster_key"
+    )]
+    pub cluster_key_file: Option<PathBuf>,
     /// Bandwidth assumed between sites when estimating a forward, Mbit/s [default: 100].
     #[arg(long, env = "STARLING_SITE_LINK_MBPS", value_name = "MBPS")]
     pub site_link_mbps: Option<f64>,
@@ -470,6 +487,26 @@ pub enum ConfigError {
     /// Federation settings that do not go together.
     #[error("{0}")]
     Federation(String),
+    /// The cluster key file could not be read.
+    #[error("cannot read the cluster key file {path} (--cluster-key-file): {source}")]
+    ClusterKeyFile {
+        /// The file.
+        path: PathBuf,
+        /// The OS error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The REST API would be reachable beyond this host with every route open.
+    #[error(
+        "--listen {listen} is reachable beyond this host and no --api-token is set, so anyone who \
+         reaches it could run code on every node: set --api-token (STARLING_API_TOKEN, or \
+         api-token in the config file), or listen on 127.0.0.1; on an isolated network where \
+         that is intended, pass --insecure-no-auth"
+    )]
+    OpenToTheNetwork {
+        /// The REST listen address.
+        listen: SocketAddr,
+    },
     /// An address is not `IP:PORT`.
     #[error("{setting} {value:?} is not an address like 127.0.0.1:7878")]
     Address {
@@ -564,12 +601,18 @@ impl ServeArgs {
             DEFAULT_FORWARD_TIMEOUT,
         )?;
         let federation = self.federation(&file, forward_timeout)?;
+        let listen = match pick(&self.listen, &file.listen) {
+            Some(value) => parse_addr("--listen", &value)?,
+            None => defaults.listen,
+        };
+        let api_token = pick(&self.api_token, &file.api_token).filter(|token| !token.is_empty());
+        let insecure_no_auth = self.insecure_no_auth || file.insecure_no_auth.unwrap_or(false);
+        if api_token.is_none() && !insecure_no_auth && !listen.ip().to_canonical().is_loopback() {
+            return Err(ConfigError::OpenToTheNetwork { listen });
+        }
         Ok(CoordinatorConfig {
             federation,
-            listen: match pick(&self.listen, &file.listen) {
-                Some(value) => parse_addr("--listen", &value)?,
-                None => defaults.listen,
-            },
+            listen,
             mqtt_listen: match pick(&self.mqtt_listen, &file.mqtt_listen) {
                 Some(value) => parse_addr("--mqtt-listen", &value)?,
                 None => defaults.mqtt_listen,
@@ -586,7 +629,7 @@ impl ServeArgs {
             public_url: pick(&self.public_url, &file.public_url),
             topic_prefix: pick(&self.topic_prefix, &file.topic_prefix)
                 .unwrap_or(defaults.topic_prefix),
-            api_token: pick(&self.api_token, &file.api_token).filter(|token| !token.is_empty()),
+            api_token,
             max_attempts: file.max_attempts.unwrap_or(defaults.max_attempts),
             max_artifact_bytes: file
                 .max_artifact_bytes
@@ -647,6 +690,34 @@ impl ServeArgs {
         })
     }
 
+    /// The cluster key, from --cluster-key or --cluster-key-file (flag or
+    /// environment), else from the config file's `cluster-key` or
+    /// `cluster-key-file`; a file's surrounding whitespace is not the key's.
+    fn cluster_key(&self, file: &FileConfig) -> Result<Option<String>, ConfigError> {
+        let read = |path: &PathBuf| {
+            std::fs::read_to_string(path)
+                .map(|text| text.trim().to_string())
+                .map_err(|source| ConfigError::ClusterKeyFile {
+                    path: path.clone(),
+                    source,
+                })
+        };
+        if let Some(key) = &self.cluster_key {
+            return Ok(Some(key.clone()));
+        }
+        if let Some(path) = &self.cluster_key_file {
+            return read(path).map(Some);
+        }
+        match (&file.cluster_key, &file.cluster_key_file) {
+            (Some(_), Some(_)) => Err(ConfigError::Federation(
+                "the config file sets both cluster-key and cluster-key-file: keep one".into(),
+            )),
+            (Some(key), None) => Ok(Some(key.clone())),
+            (None, Some(path)) => read(path).map(Some),
+            (None, None) => Ok(None),
+        }
+    }
+
     /// The federation settings: all or nothing around --site and --cluster-key.
     fn federation(
         &self,
@@ -654,10 +725,7 @@ impl ServeArgs {
         forward_timeout: Duration,
     ) -> Result<Option<FederationConfig>, ConfigError> {
         let site = self.site.clone().or_else(|| file.site.clone());
-        let key = self
-            .cluster_key
-            .clone()
-            .or_else(|| file.cluster_key.clone());
+        let key = self.cluster_key(file)?;
         let seeds = if self.seeds.is_empty() {
             file.seeds.clone().unwrap_or_default()
         } else {
@@ -673,7 +741,7 @@ impl ServeArgs {
             }
             (Some(_), None) => {
                 return Err(ConfigError::Federation(
-                    "--site needs --cluster-key: every federation message is sealed with it (make one with `starling-coordinator cluster-key`)".into(),
+                    "--site needs --cluster-key-file or --cluster-key: every federation message is sealed with it (make one with `starling-coordinator cluster-key > FILE`)".into(),
                 ))
             }
         };

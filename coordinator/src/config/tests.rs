@@ -125,3 +125,130 @@ fn bad_file_and_bad_address_are_reported() {
     let error = args.resolve().unwrap_err().to_string();
     assert!(error.contains("--listen"), "{error}");
 }
+
+#[test]
+fn an_open_api_beyond_loopback_is_refused_unless_asked_for() {
+    for listen in ["0.0.0.0:7878", "10.0.0.5:7878", "[::]:7878"] {
+        let args = ServeArgs {
+            listen: Some(listen.into()),
+            ..ServeArgs::default()
+        };
+        let error = args.resolve().unwrap_err();
+        assert!(
+            matches!(error, ConfigError::OpenToTheNetwork { .. }),
+            "{listen}: {error}"
+        );
+        let message = error.to_string();
+        for says in ["--api-token", "--insecure-no-auth", "127.0.0.1"] {
+            assert!(message.contains(says), "{message}");
+        }
+        // An empty token is no token.
+        let args = ServeArgs {
+            listen: Some(listen.into()),
+            api_token: Some(String::new()),
+            ..ServeArgs::default()
+        };
+        assert!(args.resolve().is_err(), "{listen}");
+    }
+
+    // With a token, or told to run open (flag or file), it starts.
+    let with_token = ServeArgs {
+        listen: Some("0.0.0.0:7878".into()),
+        api_token: Some("secret".into()),
+        ..ServeArgs::default()
+    };
+    assert_eq!(
+        with_token.resolve().unwrap().api_token.as_deref(),
+        Some("secret")
+    );
+    let with_flag = ServeArgs {
+        listen: Some("10.0.0.5:7878".into()),
+        insecure_no_auth: true,
+        ..ServeArgs::default()
+    };
+    assert_eq!(with_flag.resolve().unwrap().api_token, None);
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("coordinator.toml");
+    std::fs::write(
+        &path,
+        "listen = \"0.0.0.0:7878\"\ninsecure-no-auth = true\n",
+    )
+    .unwrap();
+    let from_file = ServeArgs {
+        config: Some(path),
+        ..ServeArgs::default()
+    };
+    assert!(from_file.resolve().is_ok());
+
+    // Loopback, v4, v6 or v4-mapped, needs neither.
+    for listen in [
+        "127.0.0.1:0",
+        "127.0.0.2:7878",
+        "[::1]:7878",
+        "[::ffff:127.0.0.1]:7878",
+    ] {
+        let args = ServeArgs {
+            listen: Some(listen.into()),
+            ..ServeArgs::default()
+        };
+        assert!(args.resolve().is_ok(), "{listen}");
+    }
+    assert!(ServeArgs::default().resolve().is_ok());
+}
+
+#[test]
+fn the_cluster_key_comes_from_a_file() {
+    let key = crate::federation::ClusterKey::generate().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let key_file = dir.path().join("cluster.key");
+    // As `starling-coordinator cluster-key > FILE` writes it: with a newline.
+    std::fs::write(&key_file, format!("{key}\n")).unwrap();
+    let args = ServeArgs {
+        site: Some("plant-a".into()),
+        cluster_key_file: Some(key_file.clone()),
+        ..ServeArgs::default()
+    };
+    assert_eq!(args.resolve().unwrap().federation.unwrap().cluster_key, key);
+
+    let config = dir.path().join("coordinator.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "site = \"plant-a\"\ncluster-key-file = {:?}\n",
+            key_file.display().to_string()
+        ),
+    )
+    .unwrap();
+    let args = ServeArgs {
+        config: Some(config.clone()),
+        ..ServeArgs::default()
+    };
+    assert_eq!(args.resolve().unwrap().federation.unwrap().cluster_key, key);
+
+    // Both in one file is ambiguous; a missing file names itself.
+    std::fs::write(
+        &config,
+        format!(
+            "site = \"plant-a\"\ncluster-key = \"{key}\"\ncluster-key-file = {:?}\n",
+            key_file.display().to_string()
+        ),
+    )
+    .unwrap();
+    let args = ServeArgs {
+        config: Some(config),
+        ..ServeArgs::default()
+    };
+    let error = args.resolve().unwrap_err().to_string();
+    assert!(error.contains("cluster-key-file"), "{error}");
+    let args = ServeArgs {
+        site: Some("plant-a".into()),
+        cluster_key_file: Some(dir.path().join("missing.key")),
+        ..ServeArgs::default()
+    };
+    let error = args.resolve().unwrap_err();
+    assert!(
+        matches!(error, ConfigError::ClusterKeyFile { .. }),
+        "{error}"
+    );
+    assert!(error.to_string().contains("missing.key"), "{error}");
+}
