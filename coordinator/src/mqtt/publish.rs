@@ -56,6 +56,66 @@ pub enum PublishError {
     Client(#[from] rumqttc::ClientError),
 }
 
+/// Why a stored task's assignment cannot be built. Nothing a resend or
+/// another node could change: the attempt fails with it (and the task with
+/// the attempt) rather than waiting in the outbox for ever.
+#[derive(Debug, thiserror::Error)]
+pub enum BuildAssignmentError {
+    /// The stored task id is not a wire id (a hand-edited store).
+    #[error("task id {id:?} is not a valid wire id: {source}")]
+    TaskId {
+        /// The stored id.
+        id: String,
+        /// Why it is not one.
+        #[source]
+        source: starling_proto::IdError,
+    },
+    /// `--public-url` makes artifact URLs longer than an assignment carries.
+    #[error("the artifact URL {url} is longer than {max} bytes; use a shorter --public-url")]
+    ArtifactUrl {
+        /// The URL.
+        url: String,
+        /// The most an assignment carries.
+        max: usize,
+    },
+    /// More arguments than an assignment carries.
+    #[error("the task has {count} arguments; an assignment carries at most {max}")]
+    TooManyArgs {
+        /// How many the task has.
+        count: usize,
+        /// The most an assignment carries.
+        max: usize,
+    },
+    /// An argument longer than an assignment carries.
+    #[error("argument {start:?}… is longer than the {max} bytes an assignment carries")]
+    ArgTooLong {
+        /// Its first characters.
+        start: String,
+        /// The most an assignment carries.
+        max: usize,
+    },
+    /// The assignment breaks a wire bound when signed.
+    #[error("cannot sign the assignment: {0}")]
+    Sign(#[from] crate::signing::SignError),
+    /// The signed assignment breaks a wire bound.
+    #[error("cannot encode the assignment: {0}")]
+    Encode(#[from] starling_proto::EncodeError),
+}
+
+impl BuildAssignmentError {
+    /// The failure reason the task ends with: the task's own content when
+    /// it does not fit, this coordinator's otherwise.
+    pub fn failure_reason(&self) -> FailureReason {
+        match self {
+            Self::TooManyArgs { .. }
+            | Self::ArgTooLong { .. }
+            | Self::Sign(_)
+            | Self::Encode(_) => FailureReason::InvalidInput,
+            Self::TaskId { .. } | Self::ArtifactUrl { .. } => FailureReason::Internal,
+        }
+    }
+}
+
 fn to_ms(duration: std::time::Duration) -> u64 {
     u64::try_from(duration.as_millis()).unwrap_or(u64::MAX)
 }
@@ -168,16 +228,27 @@ impl Publisher {
                 assignment.publisher = publisher;
                 assignment.precompiled = precompiled;
                 assignment.leader_epoch = term;
-                self.signer
-                    .sign(&mut assignment, &node, now_ms)
-                    .map_err(|e| e.to_string())?;
-                encode(&assignment).map_err(|e| e.to_string())
+                self.signer.sign(&mut assignment, &node, now_ms)?;
+                Ok(encode(&assignment)?)
             }) {
             Ok(bytes) => bytes,
-            Err(detail) => {
-                // The submission was checked against these bounds, so this only
-                // happens with a misconfigured public URL.
-                tracing::error!(task = %entry.task_id, %detail, "cannot build the assignment");
+            Err(error) => {
+                // Submissions and forwards are checked against these bounds,
+                // so this takes a misconfigured public URL or a task stored
+                // by an older version. A resend would build the same bytes:
+                // the attempt fails for good, with the reason, and leaves
+                // the outbox.
+                tracing::error!(task = %entry.task_id, node = %node, %error, "cannot build the assignment; the task fails");
+                let event = TaskEvent::failed(
+                    task_id_of(&entry.task_id)?,
+                    entry.attempt,
+                    node.clone(),
+                    error.failure_reason(),
+                    &format!("the coordinator cannot build the task's assignment: {error}"),
+                );
+                self.store
+                    .record_event(&event, now_ms, self.max_attempts)
+                    .await?;
                 return Ok(false);
             }
         };
@@ -231,21 +302,34 @@ pub fn assignment(
     attempt: u32,
     power_level: u8,
     public_url: &str,
-) -> Result<Assignment, String> {
+) -> Result<Assignment, BuildAssignmentError> {
+    use starling_proto::limits::{ARG_LEN, MAX_ARGS, URL_LEN};
     let spec = &record.spec;
-    let task_id = TaskId::new(&spec.id).map_err(|e| e.to_string())?;
-    let url = format!("{public_url}/api/v1/artifacts/{}", spec.artifact.to_hex());
-    let artifact_url = heapless_string(&url).ok_or_else(|| {
-        format!(
-            "artifact URL {url} is longer than {} bytes; use a shorter --public-url",
-            starling_proto::limits::URL_LEN
-        )
+    let task_id = TaskId::new(&spec.id).map_err(|source| BuildAssignmentError::TaskId {
+        id: spec.id.clone(),
+        source,
     })?;
+    let url = format!("{public_url}/api/v1/artifacts/{}", spec.artifact.to_hex());
+    let Some(artifact_url) = heapless_string(&url) else {
+        return Err(BuildAssignmentError::ArtifactUrl { url, max: URL_LEN });
+    };
+    if spec.args.len() > MAX_ARGS {
+        return Err(BuildAssignmentError::TooManyArgs {
+            count: spec.args.len(),
+            max: MAX_ARGS,
+        });
+    }
     let mut args = heapless::Vec::new();
     for arg in &spec.args {
-        let arg = heapless_string(arg).ok_or_else(|| format!("argument {arg:?} is too long"))?;
-        args.push(arg)
-            .map_err(|_| "too many arguments".to_string())?;
+        let too_long = || BuildAssignmentError::ArgTooLong {
+            start: arg.chars().take(20).collect(),
+            max: ARG_LEN,
+        };
+        let arg = heapless_string(arg).ok_or_else(too_long)?;
+        args.push(arg).map_err(|_| BuildAssignmentError::TooManyArgs {
+            count: spec.args.len(),
+            max: MAX_ARGS,
+        })?;
     }
     Ok(Assignment {
         v: PROTOCOL_VERSION,

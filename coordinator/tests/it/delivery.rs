@@ -763,3 +763,55 @@ async fn after_a_restart_unacknowledged_work_is_resent_and_absent_nodes_lose_the
     assert_eq!((moved.task_id.as_str(), moved.attempt), (id.as_str(), 2));
     third.shutdown().await;
 }
+
+/// Issue 20, item 5: a task whose assignment cannot be built (here, stored
+/// with more arguments than an assignment carries, as an older version
+/// could take them) fails with a reason the API shows, instead of staying
+/// `assigned` and being re-sent for ever.
+#[tokio::test]
+async fn a_task_whose_assignment_cannot_be_built_fails_with_a_reason() {
+    let dir = tempfile::tempdir().unwrap();
+    let running = common::start_coordinator(dir.path(), |_| {}).await;
+    let rest = running.rest_url();
+    let http = reqwest::Client::new();
+    let stored: Value = common::upload(&http, &rest, common::minimal_wasm()).await;
+    let digest = Digest::parse(stored["digest"].as_str().unwrap()).unwrap();
+    let id = uuid::Uuid::now_v7().to_string();
+    let now = starling_coordinator::task::unix_now_ms();
+    running
+        .store()
+        .insert_task(&NewTask {
+            id: id.clone(),
+            artifact: digest,
+            runtime: Runtime::Wasm,
+            input: b"hi".to_vec(),
+            args: vec!["a".into(); starling_proto::limits::MAX_ARGS + 1],
+            class: Default::default(),
+            demand: Default::default(),
+            limits: Default::default(),
+            work_seconds: 0.1,
+            priority: 0,
+            deadline_unix_ms: None,
+            created_ms: now,
+        })
+        .await
+        .unwrap();
+    common::stand_in_agent(running.mqtt_url(), "unbuildable-a").await;
+    let url = format!("{rest}/api/v1/tasks/{id}");
+    let task = common::eventually(Duration::from_secs(30), "the task to fail", || {
+        let (http, url) = (http.clone(), url.clone());
+        async move {
+            let task = common::get_json(&http, &url).await;
+            (task["state"] == "failed").then_some(task)
+        }
+    })
+    .await;
+    assert_eq!(task["reason"], "invalid_input", "{task:#}");
+    let message = task["message"].as_str().unwrap();
+    assert!(
+        message.contains("cannot build the task's assignment") && message.contains("arguments"),
+        "{message}"
+    );
+    assert_eq!(task["attempt"], 1, "tried once, not again: {task:#}");
+    running.shutdown().await;
+}
