@@ -127,6 +127,8 @@ error_codes! {
     InvalidForward = "invalid_forward" => 400,
     /// No forward from this site with this id.
     ForwardNotFound = "forward_not_found" => 404,
+    /// A site revocation that is malformed or not signed by this federation's trust root.
+    InvalidRevocation = "invalid_revocation" => 400,
 }
 
 impl std::fmt::Display for ErrorCode {

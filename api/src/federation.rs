@@ -5,6 +5,7 @@ use serde::{Deserialize, Serialize};
 use starling_proto::SiteDigest;
 use utoipa::ToSchema;
 
+use crate::artifacts::ArtifactSignature;
 use crate::task::{TaskDemand, TaskKind, TaskLimits, TaskStatus};
 
 /// The federation as this coordinator sees it.
@@ -96,6 +97,12 @@ pub struct ForwardRequest {
     pub deadline_unix_ms: Option<u64>,
     /// When it was submitted at home, Unix milliseconds.
     pub created_ms: u64,
+    /// The artifact's publisher signature at home, with the publisher's key,
+    /// so that nodes that trust only signed work (`--trusted-publisher`) run
+    /// it here too. The receiving site refuses a forward whose signature does
+    /// not verify over `artifact`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub publisher: Option<ArtifactSignature>,
 }
 
 /// The answer to a forward.
@@ -124,4 +131,28 @@ pub struct ForwardStatus {
     pub reason: Option<String>,
     /// Failure message.
     pub message: Option<String>,
+}
+
+/// A site revoked by the federation's trust root (`starling-coordinator
+/// federation revoke` prints it). Its signature is its authority: any
+/// member may pass it on, and every member that receives it refuses the
+/// site's certificates issued at or before `revoked_ms`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct SiteRevocation {
+    /// The revoked site.
+    pub site: String,
+    /// Certificates of the site issued at or before this time (Unix ms) are refused.
+    pub revoked_ms: u64,
+    /// The trust root's ed25519 signature, base64.
+    pub signature: String,
+}
+
+/// The answer to a revocation.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct RevocationAccepted {
+    /// The revoked site.
+    pub site: String,
+    /// False when this member already knew this revocation (or a later one).
+    pub new: bool,
 }

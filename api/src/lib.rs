@@ -30,7 +30,8 @@ pub use events::{
     TaskChange, TelemetrySample,
 };
 pub use federation::{
-    ForwardAccepted, ForwardRequest, ForwardStatus, SiteEntry, SiteList, SiteState,
+    ForwardAccepted, ForwardRequest, ForwardStatus, RevocationAccepted, SiteEntry, SiteList,
+    SiteRevocation, SiteState,
 };
 pub use nodes::{Health, NodeDetail, NodeList, NodeRevoked, NodeSummary};
 pub use task::{TaskDemand, TaskGrants, TaskKind, TaskLimits, TaskStatus};

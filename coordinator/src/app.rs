@@ -540,7 +540,7 @@ pub async fn start(config: CoordinatorConfig) -> Result<Running, StartError> {
     }
 
     let federation = match &config.federation {
-        Some(settings) => match federation::Federation::start(settings).await {
+        Some(settings) => match federation::Federation::start(settings, &store).await {
             Ok(federation) => Some(federation),
             Err(error) => {
                 store.close().await;

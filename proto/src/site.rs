@@ -16,17 +16,21 @@ use crate::ids::{Digest, NodeId};
 /// A site's name: the same alphabet and length as a node id.
 pub type SiteId = NodeId;
 
-/// Most bytes an encoded digest may take: one gossip datagram (1400 bytes
-/// of payload) carries it beside the gossip header.
-pub const MAX_DIGEST_BYTES: usize = 1200;
+/// Most bytes an encoded digest may take. One gossip broadcast carries at
+/// most 1200 bytes beside the gossip header in a 1400-byte datagram; a
+/// digest travels signed by its site, with the site's certificate (at most
+/// 245 bytes more: the coordinator's `federation::identity::digest`), so
+/// the digest itself gets 950.
+pub const MAX_DIGEST_BYTES: usize = 950;
 /// Longest REST base URL a digest carries.
 pub const DIGEST_URL_LEN: usize = 128;
 /// Most task classes a digest describes.
 pub const MAX_SITE_CLASSES: usize = 3;
 /// Most power bands a digest describes.
 pub const MAX_POWER_BANDS: usize = 4;
-/// Most artifact digests a site advertises (its most recently used).
-pub const MAX_DIGEST_ARTIFACTS: usize = 8;
+/// Most artifact digests a site advertises (its most recently used): five
+/// hex digests, so that the largest digest fits [`MAX_DIGEST_BYTES`].
+pub const MAX_DIGEST_ARTIFACTS: usize = 5;
 
 /// The kind of work a capacity figure is for; mirrors the placement engine's
 /// task classes.

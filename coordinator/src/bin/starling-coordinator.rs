@@ -8,7 +8,7 @@ use tracing_subscriber::EnvFilter;
 #[command(
     name = "starling-coordinator",
     version,
-    after_help = "Examples:\n  starling-coordinator serve\n  STARLING_API_TOKEN=$(cat /etc/starling/api.token) starling-coordinator serve --listen 0.0.0.0:7878 --public-url http://10.0.0.5:7878\n  starling-coordinator serve --broker mqtt://127.0.0.1:1883 --db postgres://postgres@127.0.0.1/starling\n  starling-coordinator serve --config /etc/starling/coordinator.toml\n  starling-coordinator sim --seed 42 --out bench/\n  starling-coordinator train --policy hirl --out hirl.json\n  starling-coordinator cluster-key > cluster.key   # once per federation; copy it to each site, mode 0600\n  starling-coordinator serve --site plant-a --cluster-key-file cluster.key --gossip-listen 10.0.0.5:7946 --seed 10.0.1.5:7946\n\nEvery flag can also be set by its STARLING_* environment variable or in the --config file;\nflags win over the environment, which wins over the file. A --listen beyond loopback needs\n--api-token (or --insecure-no-auth, on an isolated network)."
+    after_help = "Examples:\n  starling-coordinator serve\n  STARLING_API_TOKEN=$(cat /etc/starling/api.token) starling-coordinator serve --listen 0.0.0.0:7878 --public-url http://10.0.0.5:7878\n  starling-coordinator serve --broker mqtt://127.0.0.1:1883 --db postgres://postgres@127.0.0.1/starling\n  starling-coordinator serve --config /etc/starling/coordinator.toml\n  starling-coordinator sim --seed 42 --out bench/\n  starling-coordinator train --policy hirl --out hirl.json\n  starling-coordinator cluster-key > cluster.key   # once per federation; copy it to each site, mode 0600\n  starling-coordinator federation init --site plant-a\n  starling-coordinator serve --site plant-a --site-credentials .starling/coordinator/site-credentials.json --cluster-key-file cluster.key --gossip-listen 10.0.0.5:7946 --seed 10.0.1.5:7946\n\nEvery flag can also be set by its STARLING_* environment variable or in the --config file;\nflags win over the environment, which wins over the file. A --listen beyond loopback needs\n--api-token (or --insecure-no-auth, on an isolated network)."
 )]
 struct Args {
     #[command(subcommand)]
@@ -26,6 +26,9 @@ enum Command {
     Train(starling_coordinator::train::TrainArgs),
     /// Print a new random cluster key (base64, 32 bytes) for --cluster-key.
     ClusterKey,
+    /// The federation's trust root: create it (init), issue a site's credentials (issue), revoke a
+    /// site (revoke).
+    Federation(starling_coordinator::federation::identity::commands::FederationArgs),
     /// Run only the federation's gossip, with a synthetic site digest, printing what it sees as
     /// JSON lines (for benchmarks and experiments with many members on one machine).
     GossipMember(starling_coordinator::federation::member::GossipMemberArgs),
@@ -68,6 +71,11 @@ fn run(args: Args) -> anyhow::Result<()> {
                 starling_coordinator::federation::ClusterKey::generate()?
             );
             return Ok(());
+        }
+        Command::Federation(federation) => {
+            return Ok(starling_coordinator::federation::identity::commands::run(
+                &federation,
+            )?)
         }
         Command::GossipMember(member) => {
             return runtime()?.block_on(starling_coordinator::federation::member::run(member))

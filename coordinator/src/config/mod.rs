@@ -8,6 +8,10 @@ use std::time::Duration;
 use serde::Deserialize;
 use starling_net::MqttTlsFiles;
 
+mod parse;
+pub use parse::parse_duration;
+use parse::{parse_addr, tls_pair};
+
 /// The REST API's default listen address.
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:7878";
 /// The embedded broker's default listen address (1884 rather than MQTT's 1883,
@@ -126,8 +130,11 @@ pub struct FederationConfig {
     pub gossip_advertise: Option<SocketAddr>,
     /// Gossip addresses of members to join through.
     pub seeds: Vec<SocketAddr>,
-    /// The shared cluster key, base64 of 32 bytes.
+    /// The shared cluster key, base64 of 32 bytes: it seals gossip.
     pub cluster_key: String,
+    /// This site's credentials (`starling-coordinator federation issue`):
+    /// its key, its root-signed certificate, the trust root's public key.
+    pub site_credentials: PathBuf,
     /// Bandwidth assumed between sites, Mbit/s.
     pub link_mbps: f64,
     /// How long a forward may go unanswered before it is taken back.
@@ -271,6 +278,8 @@ pub struct FileConfig {
     pub seeds: Option<Vec<String>>,
     /// `--cluster-key`.
     pub cluster_key: Option<String>,
+    /// `--site-credentials`.
+    pub site_credentials: Option<PathBuf>,
     /// `--cluster-key-file`.
     pub cluster_key_file: Option<PathBuf>,
     /// `--site-link-mbps`.
@@ -438,6 +447,11 @@ pub struct ServeArgs {
         conflicts_with = "cluster_key"
     )]
     pub cluster_key_file: Option<PathBuf>,
+    /// This site's credentials file, issued from the federation's trust root (`starling-coordinator
+    /// federation init` on the first site, `federation issue` for the others): it signs this
+    /// site's calls to peers, and holds the root's public key that peers' calls are checked with.
+    #[arg(long, env = "STARLING_SITE_CREDENTIALS", value_name = "FILE")]
+    pub site_credentials: Option<PathBuf>,
     /// Bandwidth assumed between sites when estimating a forward, Mbit/s [default: 100].
     #[arg(long, env = "STARLING_SITE_LINK_MBPS", value_name = "MBPS")]
     pub site_link_mbps: Option<f64>,
@@ -515,54 +529,6 @@ pub enum ConfigError {
         /// The value given.
         value: String,
     },
-}
-
-fn parse_addr(setting: &'static str, value: &str) -> Result<SocketAddr, ConfigError> {
-    value.parse().map_err(|_| ConfigError::Address {
-        setting,
-        value: value.to_string(),
-    })
-}
-
-/// Reads `5s`, `500ms`, `1m`, `1h` or a bare number of seconds; zero is refused.
-pub fn parse_duration(setting: &'static str, value: &str) -> Result<Duration, ConfigError> {
-    let invalid = || ConfigError::Duration {
-        setting,
-        value: value.to_string(),
-    };
-    let text = value.trim();
-    let split = text
-        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-        .unwrap_or(text.len());
-    let (number, unit) = text.split_at(split);
-    let number: f64 = number.parse().map_err(|_| invalid())?;
-    let seconds = match unit.trim() {
-        "ms" => number / 1000.0,
-        "" | "s" => number,
-        "m" | "min" => number * 60.0,
-        "h" => number * 3600.0,
-        _ => return Err(invalid()),
-    };
-    match Duration::try_from_secs_f64(seconds) {
-        Ok(duration) if !duration.is_zero() => Ok(duration),
-        _ => Err(invalid()),
-    }
-}
-
-/// A certificate and key given together, or neither.
-fn tls_pair(
-    cert: Option<PathBuf>,
-    key: Option<PathBuf>,
-    flags: (&'static str, &'static str),
-) -> Result<Option<crate::server_tls::ServerTls>, ConfigError> {
-    match (cert, key) {
-        (Some(cert), Some(key)) => Ok(Some(crate::server_tls::ServerTls { cert, key })),
-        (None, None) => Ok(None),
-        _ => Err(ConfigError::TlsPair {
-            cert: flags.0,
-            key: flags.1,
-        }),
-    }
 }
 
 impl ServeArgs {
@@ -747,6 +713,9 @@ impl ServeArgs {
         };
         starling_proto::SiteId::new(&site)
             .map_err(|error| ConfigError::Federation(format!("--site {site:?}: {error}")))?;
+        let site_credentials = self.site_credentials.clone().or_else(|| file.site_credentials.clone()).ok_or_else(|| ConfigError::Federation(format!(
+            "--site needs --site-credentials: each site proves its name to the others with credentials issued from the federation's trust root. On the first site run `starling-coordinator federation init --site {site}`; for another site run `starling-coordinator federation issue --site {site} --out FILE` on the member holding the root and copy FILE here"
+        )))?;
         let gossip_listen = self
             .gossip_listen
             .clone()
@@ -775,6 +744,7 @@ impl ServeArgs {
                 .map(|seed| parse_addr("--seed", seed))
                 .collect::<Result<_, _>>()?,
             cluster_key,
+            site_credentials,
             link_mbps,
             forward_timeout,
         }))

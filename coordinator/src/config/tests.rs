@@ -62,11 +62,13 @@ fn federation_settings_come_together_or_not_at_all() {
     let args = ServeArgs {
         site: Some("plant-a".into()),
         cluster_key: Some(key.clone()),
+        site_credentials: Some("plant-a.json".into()),
         seeds: vec!["10.0.0.1:7946".into(), "10.0.0.2:7946".into()],
         forward_timeout: Some("3s".into()),
         ..ServeArgs::default()
     };
     let federation = args.resolve().unwrap().federation.unwrap();
+    assert_eq!(federation.site_credentials, Path::new("plant-a.json"));
     assert_eq!(federation.seeds.len(), 2);
     assert_eq!(federation.forward_timeout, Duration::from_secs(3));
     assert_eq!(federation.link_mbps, DEFAULT_SITE_LINK_MBPS);
@@ -97,10 +99,20 @@ fn federation_settings_come_together_or_not_at_all() {
             ServeArgs {
                 site: Some("plant-a".into()),
                 cluster_key: Some(key.clone()),
+                site_credentials: Some("plant-a.json".into()),
                 seeds: vec!["nowhere".into()],
                 ..ServeArgs::default()
             },
             "--seed",
+        ),
+        // No credentials: refused, saying how to issue them.
+        (
+            ServeArgs {
+                site: Some("plant-a".into()),
+                cluster_key: Some(key.clone()),
+                ..ServeArgs::default()
+            },
+            "federation issue --site plant-a",
         ),
     ] {
         let error = args.resolve().unwrap_err().to_string();
@@ -206,6 +218,7 @@ fn the_cluster_key_comes_from_a_file() {
     let args = ServeArgs {
         site: Some("plant-a".into()),
         cluster_key_file: Some(key_file.clone()),
+        site_credentials: Some("plant-a.json".into()),
         ..ServeArgs::default()
     };
     assert_eq!(args.resolve().unwrap().federation.unwrap().cluster_key, key);
@@ -214,7 +227,7 @@ fn the_cluster_key_comes_from_a_file() {
     std::fs::write(
         &config,
         format!(
-            "site = \"plant-a\"\ncluster-key-file = {:?}\n",
+            "site = \"plant-a\"\nsite-credentials = \"plant-a.json\"\ncluster-key-file = {:?}\n",
             key_file.display().to_string()
         ),
     )

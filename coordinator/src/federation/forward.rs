@@ -23,7 +23,7 @@ use crate::store::forwards::{OpenForward, RemoteResult, TakenBack};
 use crate::store::Store;
 use crate::store::{StoreError, TaskRecord};
 use crate::task::unix_now_ms;
-use starling_api::{ForwardAccepted, ForwardRequest, ForwardStatus};
+use starling_api::{ArtifactSignature, ForwardAccepted, ForwardRequest, ForwardStatus};
 
 /// What the forwarder uses of the coordinator: the store it records
 /// forwards and results in, the attempt budget of a task taken back, and the
@@ -78,9 +78,13 @@ async fn pass(forwarder: &Forwarder, federation: &Federation) -> Result<(), Stor
         let Some(record) = forwarder.store.task(&forward.task_id).await? else {
             continue;
         };
-        // No call to a peer the failure detector declared down: it would
-        // only wait for a timeout.
-        if !federation.gossip.table().is_alive(&forward.site) {
+        if federation.trust.is_site_revoked(&forward.site) {
+            // A revoked site gets no more of this site's work, and what it
+            // answers is not taken: the attempt comes back.
+            take_back(forwarder, &forward, "was revoked by the trust root").await?;
+        } else if !federation.gossip.table().is_alive(&forward.site) {
+            // No call to a peer the failure detector declared down: it
+            // would only wait for a timeout.
             give_up_if_due(forwarder, federation, &forward, "no answer").await?;
         } else if forward.accepted {
             follow(forwarder, federation, &forward).await?;
@@ -99,6 +103,16 @@ async fn send(
     record: &TaskRecord,
 ) -> Result<(), StoreError> {
     let spec = &record.spec;
+    // Read at each send, like an assignment's: a signature recorded after
+    // submission goes with the next send.
+    let publisher = forwarder
+        .store
+        .artifact_publisher(&spec.artifact)
+        .await?
+        .map(|publisher| ArtifactSignature {
+            key: hex::encode(&publisher.key),
+            signature: hex::encode(&publisher.signature),
+        });
     let request = ForwardRequest {
         origin_site: federation.site.to_string(),
         origin_task: spec.id.clone(),
@@ -113,10 +127,15 @@ async fn send(
         priority: spec.priority,
         deadline_unix_ms: spec.deadline_unix_ms,
         created_ms: spec.created_ms,
+        publisher,
     };
     let url = format!("{}/api/v1/federation/tasks", forward.api_url);
-    let answer =
-        call::<ForwardAccepted>(federation, federation.http.post(&url).json(&request)).await;
+    let answer = call::<ForwardAccepted>(
+        federation,
+        &forward.site,
+        federation.http.post(&url).json(&request),
+    )
+    .await;
     match answer {
         PeerAnswer::Ok(accepted) => {
             tracing::info!(task = %spec.id, site = %forward.site, remote = %accepted.task_id, created = accepted.created, "task forwarded");
@@ -144,10 +163,11 @@ async fn follow(
     );
     if forward.cancel_requested {
         // Best effort each pass until the peer reports the task ended.
-        let _ =
-            call::<ForwardStatus>(federation, federation.http.post(format!("{base}/cancel"))).await;
+        let cancel = federation.http.post(format!("{base}/cancel"));
+        let _ = call::<ForwardStatus>(federation, &forward.site, cancel).await;
     }
-    let status = match call::<ForwardStatus>(federation, federation.http.get(&base)).await {
+    let asked = call::<ForwardStatus>(federation, &forward.site, federation.http.get(&base)).await;
+    let status = match asked {
         PeerAnswer::Ok(status) => status,
         PeerAnswer::Refused(why) => {
             return take_back(forwarder, forward, &format!("no longer knows it: {why}")).await
@@ -251,12 +271,17 @@ async fn take_back(
     Ok(())
 }
 
-/// One authenticated call to a peer, its JSON answer decoded.
+/// One call to `site`, signed with this site's key, its JSON answer decoded.
 async fn call<T: serde::de::DeserializeOwned>(
     federation: &Federation,
+    site: &str,
     request: reqwest::RequestBuilder,
 ) -> PeerAnswer<T> {
-    let response = match request.bearer_auth(&federation.peer_token).send().await {
+    let request = match federation.signed(site, request) {
+        Ok(request) => request,
+        Err(error) => return PeerAnswer::Silent(error.to_string()),
+    };
+    let response = match federation.http.execute(request).await {
         Ok(response) => response,
         Err(error) => return PeerAnswer::Silent(error.to_string()),
     };

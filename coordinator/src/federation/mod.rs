@@ -3,7 +3,10 @@
 //! artifacts) to the others, with no central server. Work that cannot meet
 //! its deadline at home goes to the best peer over REST.
 //!
-//! Map: `key` (the cluster key: sealed datagrams, the peer token), `gossip`
+//! Map: `key` (the cluster key: sealed datagrams), `identity` (each site's
+//! own key and root-signed certificate: signed REST calls and digests,
+//! revocations; the `federation` commands), `revocations` (spreads
+//! revocations to peers), `gossip`
 //! (foca's SWIM over UDP: membership, failure detection, digests), `sites`
 //! (the federation as seen from here, no I/O), `forward` (the home side:
 //! send, follow, take back; its SQL is `store::forwards`), `member` (a
@@ -14,8 +17,10 @@
 mod forward;
 pub(crate) use forward::Forwarder;
 pub mod gossip;
+pub mod identity;
 pub mod key;
 pub mod member;
+mod revocations;
 pub mod sites;
 
 use std::sync::Arc;
@@ -52,6 +57,23 @@ pub enum FederationError {
     /// Gossip could not start.
     #[error(transparent)]
     Gossip(#[from] GossipError),
+    /// The site credentials cannot be used.
+    #[error("--site-credentials {0}")]
+    Credentials(#[from] identity::CredentialsError),
+    /// The credentials are another site's.
+    #[error("--site-credentials is for site {certified}, but this coordinator is --site {site}: start it with the credentials issued for {site} (`starling-coordinator federation issue --site {site} --out FILE` on the member holding the trust root)")]
+    CredentialsSite {
+        /// The --site given.
+        site: String,
+        /// The site the credentials certify.
+        certified: String,
+    },
+    /// The site's own certificate is expired or revoked.
+    #[error("--site-credentials: {0}")]
+    Certificate(#[from] identity::CertificateError),
+    /// The stored revocations could not be read.
+    #[error("cannot read the stored site revocations: {0}")]
+    Store(#[from] crate::store::StoreError),
     /// The HTTP client for peers could not be built.
     #[error("cannot build the HTTP client for peers: {0}")]
     Http(String),
@@ -61,8 +83,13 @@ pub enum FederationError {
 pub(crate) struct Federation {
     pub(crate) site: SiteId,
     pub(crate) gossip: Gossip,
-    /// Bearer token peers present to each other's federation routes.
-    pub(crate) peer_token: String,
+    /// This site's key and certificate: it signs every call to a peer.
+    pub(crate) identity: identity::SiteIdentity,
+    /// The trust root and the revocations known: every peer's call and
+    /// digest is checked against it.
+    pub(crate) trust: Arc<identity::Trust>,
+    /// Wakes the loop that passes revocations on to peers.
+    pub(crate) wake_revocations: Notify,
     pub(crate) link_mbps: f64,
     pub(crate) forward_timeout: Duration,
     pub(crate) http: reqwest::Client,
@@ -79,10 +106,14 @@ impl std::fmt::Debug for Federation {
 
 impl Federation {
     /// Joins the federation: binds gossip and starts announcing to the seeds.
-    pub(crate) async fn start(config: &FederationConfig) -> Result<Arc<Self>, FederationError> {
+    pub(crate) async fn start(
+        config: &FederationConfig,
+        store: &crate::store::Store,
+    ) -> Result<Arc<Self>, FederationError> {
         let key = Arc::new(ClusterKey::parse(&config.cluster_key)?);
         let site = SiteId::new(&config.site)
             .map_err(|error| FederationError::Site(config.site.clone(), error))?;
+        let (identity, trust) = identity_of(&site, &config.site_credentials, store).await?;
         let gossip = Gossip::start(
             GossipConfig {
                 site: site.clone(),
@@ -104,7 +135,9 @@ impl Federation {
         Ok(Arc::new(Self {
             site,
             gossip,
-            peer_token: key.peer_token().to_string(),
+            identity,
+            trust,
+            wake_revocations: Notify::new(),
             link_mbps: config.link_mbps,
             forward_timeout: config.forward_timeout,
             http,
@@ -119,6 +152,7 @@ impl Federation {
             .peers()
             .into_iter()
             .filter(|peer| !exclude.iter().any(|site| site == peer.digest.site.as_str()))
+            .filter(|peer| !self.trust.is_site_revoked(peer.digest.site.as_str()))
             .map(|peer| RemoteSite {
                 digest: peer.digest,
                 link: InterSiteLink {
@@ -127,6 +161,68 @@ impl Federation {
                 },
             })
             .collect()
+    }
+}
+
+/// This site's identity from its credentials file, which must certify
+/// `site` and hold now, and the trust it carries with the stored revocations.
+async fn identity_of(
+    site: &SiteId,
+    path: &std::path::Path,
+    store: &crate::store::Store,
+) -> Result<(identity::SiteIdentity, Arc<identity::Trust>), FederationError> {
+    let credentials = identity::SiteCredentials::load(path)?;
+    if credentials.identity.site() != site {
+        return Err(FederationError::CredentialsSite {
+            site: site.to_string(),
+            certified: credentials.identity.site().to_string(),
+        });
+    }
+    let trust = Arc::new(identity::Trust::new(credentials.root));
+    for revocation in store.site_revocations().await? {
+        if let Err(error) = trust.revoke(&revocation) {
+            tracing::warn!(site = %revocation.site, %error, "a stored revocation does not verify with this trust root; ignored");
+        }
+    }
+    trust.verify_certificate(
+        credentials.identity.certificate().to_bytes(),
+        crate::task::unix_now_ms(),
+    )?;
+    Ok((credentials.identity, trust))
+}
+
+impl Federation {
+    /// `request` to `target_site`'s coordinator, signed with this site's key
+    /// (the path with its query and the body as they will be sent).
+    pub(crate) fn signed(
+        &self,
+        target_site: &str,
+        request: reqwest::RequestBuilder,
+    ) -> Result<reqwest::Request, reqwest::Error> {
+        let mut request = request.build()?;
+        let url = request.url();
+        let path = match url.query() {
+            Some(query) => format!("{}?{query}", url.path()),
+            None => url.path().to_string(),
+        };
+        let body = request
+            .body()
+            .and_then(|body| body.as_bytes())
+            .unwrap_or(&[]);
+        let signed = self.identity.sign_request(
+            target_site,
+            request.method().as_str(),
+            &path,
+            body,
+            crate::task::unix_now_ms(),
+        );
+        for (name, value) in signed.headers() {
+            // Base64 and digits: always valid header values.
+            if let Ok(value) = reqwest::header::HeaderValue::from_str(value) {
+                request.headers_mut().insert(name, value);
+            }
+        }
+        Ok(request)
     }
 }
 
@@ -146,9 +242,11 @@ pub(crate) fn spawn(
     federation: Arc<Federation>,
     stop: watch::Receiver<bool>,
 ) -> Vec<JoinHandle<()>> {
+    let store = source.store.clone();
     vec![
         tokio::spawn(publish_digests(source, federation.clone(), stop.clone())),
         tokio::spawn(probe_peers(federation.clone(), stop.clone())),
+        tokio::spawn(revocations::run(store, federation.clone(), stop.clone())),
         tokio::spawn(forward::run(forwarder, federation, stop)),
     ]
 }

@@ -1,5 +1,5 @@
-//! Who is calling: the bearer token's role for the API, the peer token for
-//! the federation routes, and the console's session cookie (for the
+//! Who is calling: the bearer token's role for the API, a site's signed
+//! request for the federation routes (checked in `peer`), and the console's session cookie (for the
 //! console, and as an alternative to the bearer header on the API's GET
 //! routes, so a browser's `EventSource` can read `GET /api/v1/events`). A
 //! refused call (401, 403) is answered before its body is read, so it
@@ -143,7 +143,10 @@ pub(crate) async fn authorize(
     };
     let needed = match required_access(request.method(), &route) {
         RouteAccess::Public => return next.run(request).await,
-        RouteAccess::Peer => return authorize_peer(&shared, request, next).await,
+        RouteAccess::Peer => {
+            return super::peer::authorize_peer(&shared, request, next, super::MAX_JSON_BODY_BYTES)
+                .await
+        }
         RouteAccess::Role(role) => role,
     };
     let Some(bootstrap) = shared.api_token.as_deref() else {
@@ -184,31 +187,5 @@ pub(crate) async fn authorize(
             "this coordinator requires an API token; send Authorization: Bearer TOKEN (starling --token, STARLING_API_TOKEN)",
         ),
         Err(error) => error.into_response(),
-    }
-}
-
-/// Lets through only a peer of the federation: the request must carry the
-/// peer token derived from the cluster key (compared in constant time).
-pub(crate) async fn authorize_peer(shared: &Shared, request: Request, next: Next) -> Response {
-    let Some(federation) = shared.federation.as_ref() else {
-        return HttpError::new(
-            ErrorCode::NotFederated,
-            "this coordinator does not federate; start it with --site and --cluster-key",
-        )
-        .into_response();
-    };
-    let given = request
-        .headers()
-        .get(header::AUTHORIZATION)
-        .and_then(|value| value.to_str().ok())
-        .and_then(|value| value.strip_prefix("Bearer "))
-        .unwrap_or("");
-    if access::constant_time_eq(
-        access::sha256_hex(given).as_bytes(),
-        access::sha256_hex(&federation.peer_token).as_bytes(),
-    ) {
-        next.run(request).await
-    } else {
-        unauthorized("federation routes are for the sites of this federation: send the peer token derived from the same --cluster-key")
     }
 }

@@ -1,7 +1,8 @@
 //! The REST API under `/api/v1` (axum) and the HTTP server around it.
 //! Handlers only parse and answer: each resource's handlers live in
 //! `handlers/`, the route table with the role each route needs in `routes`,
-//! the bearer-token check in `auth`, the mapping of every error to a status
+//! the bearer-token check in `auth`, the federation routes' signed-request
+//! check in `peer`, the mapping of every error to a status
 //! and `{"error": CODE, "message": ...}` body in `error`, the OpenAPI
 //! document in `openapi`. The request and response types are
 //! `starling_api`'s.
@@ -11,6 +12,7 @@ pub(crate) mod console;
 pub mod error;
 mod handlers;
 pub mod openapi;
+mod peer;
 mod routes;
 mod views;
 
@@ -26,7 +28,8 @@ use crate::Shared;
 use auth::authorize;
 use error::HttpError;
 use handlers::{
-    access::*, artifacts::*, batch::*, events::*, federation::*, metrics::*, nodes::*, tasks::*,
+    access::*, artifacts::*, batch::*, events::*, federation::*, metrics::*, nodes::*,
+    revocations::*, tasks::*,
 };
 use openapi::openapi_document;
 
@@ -40,7 +43,7 @@ pub(crate) const DEFAULT_LIST_LIMIT: u32 = 50;
 pub(crate) const MAX_LIST_LIMIT: u32 = 1000;
 
 /// Largest JSON request body (a task with its inline input in base64).
-const MAX_JSON_BODY_BYTES: usize = 2 * 1024 * 1024;
+pub(crate) const MAX_JSON_BODY_BYTES: usize = 2 * 1024 * 1024;
 
 /// The API's routes over the coordinator's shared state.
 pub(crate) fn router(shared: Arc<Shared>) -> Router {
@@ -83,6 +86,7 @@ pub(crate) fn router(shared: Arc<Shared>) -> Router {
             "/api/v1/federation/tasks/{site}/{task}/cancel",
             post(cancel_forward),
         )
+        .route("/api/v1/federation/revocations", post(accept_revocation))
         .route("/metrics", get(metrics))
         .fallback(not_found)
         .layer(DefaultBodyLimit::max(MAX_JSON_BODY_BYTES))

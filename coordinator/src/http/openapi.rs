@@ -8,14 +8,16 @@ use starling_api::{
     AttemptRecord, BatchSubmitted, CreateApiToken, CreateJoinToken, EnrollRequest, EventKind,
     EventRecord, ForwardAccepted, ForwardRequest, ForwardStatus, Health, Identity,
     JoinTokenCreated, LiveEvent, NodeChange, NodeChangeKind, NodeCredentials, NodeDetail, NodeList,
-    NodeRevoked, NodeSummary, Role, SiteChange, SiteEntry, SiteList, SiteState, StreamReset,
-    SubmitBatch, SubmitTask, TaskChange, TaskDemand, TaskDetail, TaskGrants, TaskKind, TaskLimits,
-    TaskList, TaskStatus, TaskSummary, TelemetrySample,
+    NodeRevoked, NodeSummary, RevocationAccepted, Role, SiteChange, SiteEntry, SiteList,
+    SiteRevocation, SiteState, StreamReset, SubmitBatch, SubmitTask, TaskChange, TaskDemand,
+    TaskDetail, TaskGrants, TaskKind, TaskLimits, TaskList, TaskStatus, TaskSummary,
+    TelemetrySample,
 };
 use utoipa::OpenApi;
 
 use super::handlers::{
-    access::*, artifacts::*, batch::*, events::*, federation::*, metrics::*, nodes::*, tasks::*,
+    access::*, artifacts::*, batch::*, events::*, federation::*, metrics::*, nodes::*,
+    revocations::*, tasks::*,
 };
 
 /// Declares the optional bearer token in the OpenAPI document.
@@ -23,11 +25,26 @@ pub(crate) struct BearerToken;
 
 impl utoipa::Modify for BearerToken {
     fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
-        use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
+        use utoipa::openapi::security::{
+            ApiKey, ApiKeyValue, HttpAuthScheme, HttpBuilder, SecurityScheme,
+        };
         let components = openapi.components.get_or_insert_with(Default::default);
         components.add_security_scheme(
             "bearer",
             SecurityScheme::Http(HttpBuilder::new().scheme(HttpAuthScheme::Bearer).build()),
+        );
+        // The federation routes: a request signed by the calling site. The
+        // signature is this header; the site, its certificate and the
+        // timestamp travel in `starling-site`, `starling-site-certificate`
+        // and `starling-timestamp`.
+        components.add_security_scheme(
+            "site_signature",
+            SecurityScheme::ApiKey(ApiKey::Header(ApiKeyValue::with_description(
+                "starling-signature",
+                "ed25519 signature of the calling site over its target site, method, path, \
+                 timestamp and body hash, with starling-site, starling-site-certificate (issued \
+                 by the federation's trust root) and starling-timestamp (Unix ms, within 60 s)",
+            ))),
         );
     }
 }
@@ -65,6 +82,7 @@ impl utoipa::Modify for BearerToken {
         accept_forward,
         forward_status,
         cancel_forward,
+        accept_revocation,
         events
     ),
     components(schemas(
@@ -75,6 +93,8 @@ impl utoipa::Modify for BearerToken {
         ForwardRequest,
         ForwardAccepted,
         ForwardStatus,
+        SiteRevocation,
+        RevocationAccepted,
         Health,
         NodeSummary,
         NodeList,

@@ -15,8 +15,9 @@ pub(super) enum RouteAccess {
     Public,
     /// A bearer token with at least this role.
     Role(Role),
-    /// Another site of the federation: the peer token derived from the
-    /// cluster key, required whether or not API tokens are enforced.
+    /// Another site of the federation: a request signed with its own key
+    /// and root-signed certificate (`peer`), required whether or not API
+    /// tokens are enforced.
     Peer,
 }
 
@@ -65,6 +66,13 @@ pub(super) const ROUTES: &[(Method, &str, RouteAccess)] = &[
         RouteAccess::Role(Role::Viewer),
     ),
     (Method::POST, "/api/v1/federation/tasks", RouteAccess::Peer),
+    // The trust root's signature is a revocation's authority: any member
+    // passes it on, and one that does not verify changes nothing.
+    (
+        Method::POST,
+        "/api/v1/federation/revocations",
+        RouteAccess::Public,
+    ),
     (
         Method::GET,
         "/api/v1/federation/tasks/{site}/{task}",

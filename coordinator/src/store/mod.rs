@@ -34,6 +34,7 @@ mod lease;
 mod outbox;
 mod placements;
 mod precompiled;
+mod revocations;
 mod tasks;
 
 pub use events::{

@@ -169,9 +169,39 @@ fn startup_errors_say_what_to_change() {
     let error = failing_serve(&["--listen", "nowhere"]);
     assert!(error.contains("--listen"), "{error}");
 
-    // Federation: a site without a key, a key that is not one, a busy gossip port.
+    // Federation: a site without a key, without credentials, with another
+    // site's credentials, a key that is not one, a busy gossip port.
     let error = failing_serve(&["--listen", "127.0.0.1:0", "--site", "plant-a"]);
     assert!(error.contains("--cluster-key"), "{error}");
+    let root = tempfile::tempdir().unwrap();
+    let init = Command::new(COORDINATOR)
+        .args(["federation", "init", "--site", "plant-a", "--data-dir"])
+        .arg(root.path())
+        .output()
+        .unwrap();
+    assert!(init.status.success(), "{init:?}");
+    let said = String::from_utf8_lossy(&init.stdout);
+    assert!(said.contains("federation issue --site NAME"), "{said}");
+    let credentials = root.path().join("site-credentials.json");
+    let credentials = credentials.to_str().unwrap();
+    let again = Command::new(COORDINATOR)
+        .args(["federation", "init", "--site", "plant-a", "--data-dir"])
+        .arg(root.path())
+        .output()
+        .unwrap();
+    assert!(!again.status.success(), "a second root over the first");
+    let error = failing_serve(&[
+        "--listen",
+        "127.0.0.1:0",
+        "--site",
+        "plant-a",
+        "--cluster-key",
+        "c2hvcnQ=",
+    ]);
+    assert!(
+        error.contains("--site-credentials") && error.contains("federation issue --site plant-a"),
+        "{error}"
+    );
     let error = failing_serve(&[
         "--listen",
         "127.0.0.1:0",
@@ -179,6 +209,8 @@ fn startup_errors_say_what_to_change() {
         "127.0.0.1:0",
         "--site",
         "plant-a",
+        "--site-credentials",
+        credentials,
         "--cluster-key",
         "c2hvcnQ=",
     ]);
@@ -200,6 +232,8 @@ fn startup_errors_say_what_to_change() {
         "127.0.0.1:0",
         "--site",
         "plant-a",
+        "--site-credentials",
+        credentials,
         "--cluster-key",
         key.trim(),
         "--gossip-listen",
@@ -209,6 +243,56 @@ fn startup_errors_say_what_to_change() {
         error.contains("address in use") && error.contains("--gossip-listen"),
         "{error}"
     );
+    let error = failing_serve(&[
+        "--listen",
+        "127.0.0.1:0",
+        "--mqtt-listen",
+        "127.0.0.1:0",
+        "--site",
+        "plant-b",
+        "--site-credentials",
+        credentials,
+        "--cluster-key",
+        key.trim(),
+        "--gossip-listen",
+        "127.0.0.1:0",
+    ]);
+    assert!(
+        error.contains("for site plant-a") && error.contains("--site plant-b"),
+        "{error}"
+    );
+
+    // Issuing another site's credentials and revoking a site need the root.
+    let issued = root.path().join("plant-b.json");
+    let issue = Command::new(COORDINATOR)
+        .args(["federation", "issue", "--site", "plant-b", "--out"])
+        .arg(&issued)
+        .arg("--data-dir")
+        .arg(root.path())
+        .output()
+        .unwrap();
+    assert!(issue.status.success(), "{issue:?}");
+    let bundle = std::fs::read_to_string(&issued).unwrap();
+    let root_file = std::fs::read_to_string(root.path().join("federation-root.json")).unwrap();
+    let root_file: serde_json::Value = serde_json::from_str(&root_file).unwrap();
+    assert!(!bundle.contains(root_file["root_key"].as_str().unwrap()));
+    assert!(bundle.contains(root_file["root_public_key"].as_str().unwrap()));
+    let revoke = Command::new(COORDINATOR)
+        .args(["federation", "revoke", "--site", "plant-b", "--data-dir"])
+        .arg(root.path())
+        .output()
+        .unwrap();
+    assert!(revoke.status.success(), "{revoke:?}");
+    let revocation: serde_json::Value = serde_json::from_slice(&revoke.stdout).unwrap();
+    assert_eq!(revocation["site"], "plant-b");
+    let elsewhere = tempfile::tempdir().unwrap();
+    let refused = Command::new(COORDINATOR)
+        .args(["federation", "revoke", "--site", "plant-b", "--data-dir"])
+        .arg(elsewhere.path())
+        .output()
+        .unwrap();
+    assert!(!refused.status.success());
+    assert!(String::from_utf8_lossy(&refused.stderr).contains("federation init"));
 }
 
 #[test]

@@ -1,5 +1,6 @@
-//! The federation's REST side on a running coordinator: the sites list, the
-//! peer token on every federation route, forwards that are idempotent on
+//! The federation's REST side on a running coordinator: the sites list, a
+//! site's signed request on every federation route (and a site acting only
+//! in its own name), revocations, forwards that are idempotent on
 //! their origin, and refusals that store nothing; forwarded attempts that no
 //! node can own, and the migration that moved older ones to a site column.
 
@@ -8,22 +9,77 @@ use crate::common;
 use reqwest::StatusCode;
 use serde_json::{json, Value};
 use starling_api::TaskStatus;
+use std::path::{Path, PathBuf};
+
 use starling_coordinator::config::FederationConfig;
+use starling_coordinator::federation::identity::{SiteIdentity, TrustRoot};
 use starling_coordinator::federation::ClusterKey;
 use starling_coordinator::store::forwards::{RemoteResult, TakenBack};
 use starling_coordinator::store::EventOutcome;
-use starling_proto::{NodeId, TaskEvent, TaskId, TaskState};
+use starling_coordinator::task::unix_now_ms;
+use starling_proto::{NodeId, SiteId, TaskEvent, TaskId, TaskState};
 
-fn federation(key: &str) -> FederationConfig {
+fn federation(key: &str, credentials: &Path) -> FederationConfig {
     FederationConfig {
         site: "site-x".into(),
         gossip_listen: "127.0.0.1:0".parse().unwrap(),
         gossip_advertise: None,
         seeds: Vec::new(),
         cluster_key: key.into(),
+        site_credentials: credentials.to_path_buf(),
         link_mbps: 100.0,
         forward_timeout: std::time::Duration::from_secs(10),
     }
+}
+
+/// A federation's trust root with site-x's credentials written under `dir`
+/// (the coordinator under test serves site-x): the root, and the file.
+fn trust_root(dir: &Path) -> (TrustRoot, PathBuf) {
+    let root = TrustRoot::generate().unwrap();
+    let path = dir.join("site-x.credentials.json");
+    root.issue(&SiteId::new("site-x").unwrap(), unix_now_ms(), None)
+        .unwrap()
+        .write_new(&path)
+        .unwrap();
+    (root, path)
+}
+
+/// `site`'s identity, issued by `root` now (or at `issued_ms`).
+fn identity(root: &TrustRoot, site: &str) -> SiteIdentity {
+    root.issue(&SiteId::new(site).unwrap(), unix_now_ms(), None)
+        .unwrap()
+        .identity
+}
+
+/// A federation call to site-x signed by `by` at `at_ms`, the way a peer's
+/// forwarder signs it.
+async fn signed(
+    http: &reqwest::Client,
+    by: &SiteIdentity,
+    method: reqwest::Method,
+    url: &str,
+    body: Option<&Value>,
+    at_ms: u64,
+) -> reqwest::Response {
+    let body = body.map(|body| serde_json::to_vec(body).unwrap());
+    let path = reqwest::Url::parse(url).unwrap().path().to_string();
+    let signature = by.sign_request(
+        "site-x",
+        method.as_str(),
+        &path,
+        body.as_deref().unwrap_or_default(),
+        at_ms,
+    );
+    let mut request = http.request(method, url);
+    for (name, value) in signature.headers() {
+        request = request.header(name, value);
+    }
+    if let Some(body) = body {
+        request = request
+            .header("content-type", "application/json")
+            .body(body);
+    }
+    request.send().await.unwrap()
 }
 
 fn forward(origin_task: &str, artifact: &str) -> Value {
@@ -50,16 +106,19 @@ async fn task_count(http: &reqwest::Client, rest: &str) -> usize {
 }
 
 #[tokio::test]
-async fn forwards_need_the_peer_token_are_idempotent_and_refusals_store_nothing() {
+async fn forwards_need_a_site_signature_are_idempotent_and_refusals_store_nothing() {
     let dir = tempfile::tempdir().unwrap();
     let key = ClusterKey::generate().unwrap();
-    let token = ClusterKey::parse(&key).unwrap().peer_token().to_string();
+    let (root, credentials) = trust_root(dir.path());
+    let home = identity(&root, "site-home");
     let running = common::start_coordinator(dir.path(), |c| {
-        c.federation = Some(federation(&key));
+        c.federation = Some(federation(&key, &credentials));
     })
     .await;
     let rest = running.rest_url();
     let http = reqwest::Client::new();
+    let now = unix_now_ms;
+    use reqwest::Method;
 
     let sites = common::get_json(&http, &format!("{rest}/api/v1/sites")).await;
     assert_eq!(sites["federated"], true);
@@ -70,12 +129,10 @@ async fn forwards_need_the_peer_token_are_idempotent_and_refusals_store_nothing(
     let digest = stored["digest"].as_str().unwrap().to_string();
     let url = format!("{rest}/api/v1/federation/tasks");
 
-    // No token, another federation's token, an API-style token: 401, nothing stored.
-    let other = ClusterKey::parse(&ClusterKey::generate().unwrap())
-        .unwrap()
-        .peer_token()
-        .to_string();
-    for bearer in [None, Some(other.as_str()), Some("starling-peer.00")] {
+    // Unsigned, with a bearer token of any kind, or signed by a site of
+    // another federation: 401, nothing stored.
+    let stranger = identity(&TrustRoot::generate().unwrap(), "site-home");
+    for bearer in [None, Some("starling-peer.00")] {
         let mut request = http.post(&url).json(&forward("t1", &digest));
         if let Some(bearer) = bearer {
             request = request.bearer_auth(bearer);
@@ -90,18 +147,35 @@ async fn forwards_need_the_peer_token_are_idempotent_and_refusals_store_nothing(
             .unwrap();
         assert_eq!(status.status(), StatusCode::UNAUTHORIZED);
     }
+    let response = signed(
+        &http,
+        &stranger,
+        Method::POST,
+        &url,
+        Some(&forward("t1", &digest)),
+        now(),
+    )
+    .await;
+    assert_eq!(response.status(), StatusCode::UNAUTHORIZED);
+    let body: Value = response.json().await.unwrap();
+    assert!(
+        body["message"].as_str().unwrap().contains("trust root"),
+        "{body}"
+    );
     assert_eq!(task_count(&http, &rest).await, 0);
 
     // The same forward twice (an answer lost on the way): one task.
     let mut ids = Vec::new();
     for created in [true, false] {
-        let response = http
-            .post(&url)
-            .bearer_auth(&token)
-            .json(&forward("t1", &digest))
-            .send()
-            .await
-            .unwrap();
+        let response = signed(
+            &http,
+            &home,
+            Method::POST,
+            &url,
+            Some(&forward("t1", &digest)),
+            now(),
+        )
+        .await;
         assert_eq!(response.status(), StatusCode::CREATED);
         let accepted: Value = response.json().await.unwrap();
         assert_eq!(accepted["created"], created, "{accepted}");
@@ -111,70 +185,359 @@ async fn forwards_need_the_peer_token_are_idempotent_and_refusals_store_nothing(
     assert_eq!(task_count(&http, &rest).await, 1);
     let task = common::get_json(&http, &format!("{rest}/api/v1/tasks/{}", ids[0])).await;
     assert_eq!(task["origin_site"], "site-home");
-    let status: Value = http
-        .get(format!("{url}/site-home/t1"))
-        .bearer_auth(&token)
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let status: Value = signed(
+        &http,
+        &home,
+        Method::GET,
+        &format!("{url}/site-home/t1"),
+        None,
+        now(),
+    )
+    .await
+    .json()
+    .await
+    .unwrap();
     assert_eq!(status["task_id"], ids[0]);
     assert_eq!(status["state"], "pending");
 
     // Unknown forward, an artifact this site lacks from a site it never
     // heard of, a body that is not a forward: refused, nothing stored.
-    let response = http
-        .get(format!("{url}/site-home/t2"))
-        .bearer_auth(&token)
-        .send()
-        .await
-        .unwrap();
+    let response = signed(
+        &http,
+        &home,
+        Method::GET,
+        &format!("{url}/site-home/t2"),
+        None,
+        now(),
+    )
+    .await;
     assert_eq!(response.status(), StatusCode::NOT_FOUND);
-    let response = http
-        .post(&url)
-        .bearer_auth(&token)
-        .json(&forward("t3", &"ab".repeat(32)))
-        .send()
-        .await
-        .unwrap();
+    let response = signed(
+        &http,
+        &home,
+        Method::POST,
+        &url,
+        Some(&forward("t3", &"ab".repeat(32))),
+        now(),
+    )
+    .await;
     assert_eq!(response.status(), StatusCode::CONFLICT);
     let body: Value = response.json().await.unwrap();
     assert_eq!(body["error"], "artifact_unavailable", "{body}");
     let mut bad = forward("t4", &digest);
     bad["work_seconds"] = json!(-1.0);
-    let response = http
-        .post(&url)
-        .bearer_auth(&token)
-        .json(&bad)
-        .send()
-        .await
-        .unwrap();
+    let response = signed(&http, &home, Method::POST, &url, Some(&bad), now()).await;
     assert_eq!(response.status(), StatusCode::BAD_REQUEST);
-    let response = http
-        .post(&url)
-        .bearer_auth(&token)
-        .header("content-type", "application/json")
-        .body("{\"origin_site\": 5}")
-        .send()
-        .await
-        .unwrap();
+    let response = signed(
+        &http,
+        &home,
+        Method::POST,
+        &url,
+        Some(&json!({"origin_site": 5})),
+        now(),
+    )
+    .await;
     assert!(response.status().is_client_error());
     assert_eq!(task_count(&http, &rest).await, 1);
 
     // Cancelled at its home's request.
-    let cancelled: Value = http
-        .post(format!("{url}/site-home/t1/cancel"))
-        .bearer_auth(&token)
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let cancelled: Value = signed(
+        &http,
+        &home,
+        Method::POST,
+        &format!("{url}/site-home/t1/cancel"),
+        None,
+        now(),
+    )
+    .await
+    .json()
+    .await
+    .unwrap();
     assert_eq!(cancelled["state"], "cancelled");
     running.shutdown().await;
+}
+
+/// Issue 20, item 3, played as the attacker: a member of the federation
+/// (it holds the cluster key and valid credentials of its own) cannot
+/// forward, read or cancel in another site's name; certificates that are
+/// forged, expired or another root's, requests replayed late, sent on to
+/// another site or altered, and a revoked site are refused.
+#[tokio::test]
+async fn a_site_cannot_act_for_another_and_forged_stale_or_revoked_credentials_are_refused() {
+    use reqwest::Method;
+    let dir = tempfile::tempdir().unwrap();
+    let key = ClusterKey::generate().unwrap();
+    let (root, credentials) = trust_root(dir.path());
+    let home = identity(&root, "site-home");
+    let evil = identity(&root, "site-evil");
+    let running = common::start_coordinator(dir.path(), |c| {
+        c.federation = Some(federation(&key, &credentials));
+    })
+    .await;
+    let rest = running.rest_url();
+    let http = reqwest::Client::new();
+    let now = unix_now_ms;
+    let stored: Value = common::upload(&http, &rest, common::minimal_wasm()).await;
+    let digest = stored["digest"].as_str().unwrap().to_string();
+    let url = format!("{rest}/api/v1/federation/tasks");
+    let response = signed(
+        &http,
+        &home,
+        Method::POST,
+        &url,
+        Some(&forward("t1", &digest)),
+        now(),
+    )
+    .await;
+    assert_eq!(response.status(), StatusCode::CREATED);
+
+    // site-evil, a member in good standing, in site-home's name: 403 on
+    // each route, and nothing changes.
+    let response = signed(
+        &http,
+        &evil,
+        Method::POST,
+        &url,
+        Some(&forward("t2", &digest)),
+        now(),
+    )
+    .await;
+    assert_eq!(response.status(), StatusCode::FORBIDDEN);
+    let body: Value = response.json().await.unwrap();
+    assert_eq!(body["error"], "forbidden", "{body}");
+    for (method, path) in [
+        (Method::GET, format!("{url}/site-home/t1")),
+        (Method::POST, format!("{url}/site-home/t1/cancel")),
+    ] {
+        let response = signed(&http, &evil, method.clone(), &path, None, now()).await;
+        assert_eq!(response.status(), StatusCode::FORBIDDEN, "{method} {path}");
+    }
+    assert_eq!(task_count(&http, &rest).await, 1);
+    let status: Value = signed(
+        &http,
+        &home,
+        Method::GET,
+        &format!("{url}/site-home/t1"),
+        None,
+        now(),
+    )
+    .await
+    .json()
+    .await
+    .unwrap();
+    assert_eq!(
+        status["state"], "pending",
+        "cancelled by another site: {status}"
+    );
+    // Its own name in the path, site-home's tasks unreachable: 404.
+    let response = signed(
+        &http,
+        &evil,
+        Method::GET,
+        &format!("{url}/site-evil/t1"),
+        None,
+        now(),
+    )
+    .await;
+    assert_eq!(response.status(), StatusCode::NOT_FOUND);
+
+    // Claiming site-home in the header with its own certificate.
+    let mut request = http.get(format!("{url}/site-home/t1"));
+    let mut headers = evil.sign_request(
+        "site-x",
+        "GET",
+        "/api/v1/federation/tasks/site-home/t1",
+        b"",
+        now(),
+    );
+    headers.site = "site-home".into();
+    for (name, value) in headers.headers() {
+        request = request.header(name, value);
+    }
+    assert_eq!(
+        request.send().await.unwrap().status(),
+        StatusCode::UNAUTHORIZED
+    );
+
+    // Certificates: another root's, an expired one.
+    let stranger = identity(&TrustRoot::generate().unwrap(), "site-home");
+    let expired = root
+        .issue(
+            &SiteId::new("site-home").unwrap(),
+            now() - 10_000,
+            Some(now() - 1),
+        )
+        .unwrap()
+        .identity;
+    for (who, by) in [("another root", &stranger), ("expired", &expired)] {
+        let response = signed(
+            &http,
+            by,
+            Method::GET,
+            &format!("{url}/site-home/t1"),
+            None,
+            now(),
+        )
+        .await;
+        assert_eq!(response.status(), StatusCode::UNAUTHORIZED, "{who}");
+    }
+
+    // A signed request replayed after the allowed skew, one signed for
+    // another site, one whose body was changed after signing.
+    let response = signed(
+        &http,
+        &home,
+        Method::GET,
+        &format!("{url}/site-home/t1"),
+        None,
+        now() - 61_000,
+    )
+    .await;
+    assert_eq!(response.status(), StatusCode::UNAUTHORIZED);
+    let body: Value = response.json().await.unwrap();
+    assert!(
+        body["message"].as_str().unwrap().contains("clock"),
+        "{body}"
+    );
+    let elsewhere = home.sign_request(
+        "site-y",
+        "GET",
+        "/api/v1/federation/tasks/site-home/t1",
+        b"",
+        now(),
+    );
+    let mut request = http.get(format!("{url}/site-home/t1"));
+    for (name, value) in elsewhere.headers() {
+        request = request.header(name, value);
+    }
+    assert_eq!(
+        request.send().await.unwrap().status(),
+        StatusCode::UNAUTHORIZED
+    );
+    let original = serde_json::to_vec(&forward("t5", &digest)).unwrap();
+    let signature = home.sign_request(
+        "site-x",
+        "POST",
+        "/api/v1/federation/tasks",
+        &original,
+        now(),
+    );
+    let mut altered = forward("t5", &digest);
+    altered["priority"] = json!(9);
+    let mut request = http.post(&url).json(&altered);
+    for (name, value) in signature.headers() {
+        request = request.header(name, value);
+    }
+    assert_eq!(
+        request.send().await.unwrap().status(),
+        StatusCode::UNAUTHORIZED
+    );
+    assert_eq!(task_count(&http, &rest).await, 1);
+
+    // Revocation: one another root signed is refused; the root's is taken
+    // (once), stored, and site-home is refused from then on.
+    let revocations = format!("{rest}/api/v1/federation/revocations");
+    let forged = TrustRoot::generate()
+        .unwrap()
+        .revoke(&SiteId::new("site-home").unwrap(), now());
+    let response = http.post(&revocations).json(&forged).send().await.unwrap();
+    assert_eq!(response.status(), StatusCode::BAD_REQUEST);
+    let body: Value = response.json().await.unwrap();
+    assert_eq!(body["error"], "invalid_revocation", "{body}");
+    let revocation = root.revoke(&SiteId::new("site-home").unwrap(), now());
+    for new in [true, false] {
+        let answer: Value = http
+            .post(&revocations)
+            .json(&revocation)
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        assert_eq!(answer["new"], new, "{answer}");
+    }
+    assert_eq!(
+        running.store().site_revocations().await.unwrap(),
+        vec![revocation.clone()]
+    );
+    for (method, path, body) in [
+        (Method::GET, format!("{url}/site-home/t1"), None),
+        (Method::POST, format!("{url}/site-home/t1/cancel"), None),
+        (Method::POST, url.clone(), Some(forward("t6", &digest))),
+    ] {
+        let response = signed(&http, &home, method.clone(), &path, body.as_ref(), now()).await;
+        assert_eq!(
+            response.status(),
+            StatusCode::UNAUTHORIZED,
+            "{method} {path}"
+        );
+        let body: Value = response.json().await.unwrap();
+        assert!(
+            body["message"].as_str().unwrap().contains("revoked"),
+            "{body}"
+        );
+    }
+    // Other sites are unaffected; site-home with credentials issued after
+    // the revocation is a member again.
+    let response = signed(
+        &http,
+        &evil,
+        Method::GET,
+        &format!("{url}/site-evil/t1"),
+        None,
+        now(),
+    )
+    .await;
+    assert_eq!(response.status(), StatusCode::NOT_FOUND);
+    let renewed = root
+        .issue(
+            &SiteId::new("site-home").unwrap(),
+            revocation.revoked_ms + 1,
+            None,
+        )
+        .unwrap()
+        .identity;
+    let response = signed(
+        &http,
+        &renewed,
+        Method::GET,
+        &format!("{url}/site-home/t1"),
+        None,
+        now(),
+    )
+    .await;
+    assert_eq!(response.status(), StatusCode::OK);
+    running.shutdown().await;
+}
+
+/// Federation without credentials, or with another site's, does not start.
+#[tokio::test]
+async fn a_coordinator_refuses_credentials_of_another_site() {
+    let dir = tempfile::tempdir().unwrap();
+    let key = ClusterKey::generate().unwrap();
+    let root = TrustRoot::generate().unwrap();
+    let path = dir.path().join("site-y.json");
+    root.issue(&SiteId::new("site-y").unwrap(), unix_now_ms(), None)
+        .unwrap()
+        .write_new(&path)
+        .unwrap();
+    let mut config = starling_coordinator::CoordinatorConfig::ephemeral(dir.path());
+    config.mqtt_allow_anonymous = true;
+    config.federation = Some(federation(&key, &path));
+    let Err(error) = starling_coordinator::start(config.clone()).await else {
+        panic!("started with another site's credentials");
+    };
+    let error = error.to_string();
+    assert!(
+        error.contains("site-y") && error.contains("federation issue --site site-x"),
+        "{error}"
+    );
+    config.federation = Some(federation(&key, &dir.path().join("missing.json")));
+    let Err(error) = starling_coordinator::start(config).await else {
+        panic!("started without credentials");
+    };
+    assert!(error.to_string().contains("missing.json"), "{error}");
 }
 
 #[tokio::test]
@@ -316,8 +679,9 @@ async fn a_forward_is_recorded_once_and_a_late_answer_after_take_back_is_ignored
 async fn the_forwarder_takes_back_work_at_a_site_that_is_not_alive() {
     let dir = tempfile::tempdir().unwrap();
     let key = ClusterKey::generate().unwrap();
+    let (_root, credentials) = trust_root(dir.path());
     let running = common::start_coordinator(dir.path(), |c| {
-        c.federation = Some(federation(&key));
+        c.federation = Some(federation(&key, &credentials));
     })
     .await;
     let rest = running.rest_url();
@@ -616,4 +980,378 @@ async fn migration_0008_moves_legacy_site_attempts_to_the_site_column_on_postgre
     check_migrated_legacy_rows(&store).await;
     store.close().await;
     drop(db);
+}
+
+/// Issue 20, item 5: a forward is checked by the function that checks
+/// `POST /api/v1/tasks`, so what a submission may not hold (too many or too
+/// long arguments, an impossible demand, too much input) is refused with the
+/// same typed error, and nothing is stored.
+#[tokio::test]
+async fn forwards_are_checked_like_submissions_and_refusals_store_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let key = ClusterKey::generate().unwrap();
+    let (root, credentials) = trust_root(dir.path());
+    let home = identity(&root, "site-home");
+    let running = common::start_coordinator(dir.path(), |c| {
+        c.federation = Some(federation(&key, &credentials));
+    })
+    .await;
+    let rest = running.rest_url();
+    let http = reqwest::Client::new();
+    let stored: Value = common::upload(&http, &rest, common::minimal_wasm()).await;
+    let digest = stored["digest"].as_str().unwrap();
+    let url = format!("{rest}/api/v1/federation/tasks");
+    let max_input = starling_proto::limits::MAX_INLINE_INPUT_BYTES;
+    let too_much_input = base64::Engine::encode(
+        &base64::engine::general_purpose::STANDARD,
+        vec![0u8; max_input + 1],
+    );
+    let cases: [(&str, Value, StatusCode, &str); 5] = [
+        (
+            "args",
+            json!(vec!["a"; starling_proto::limits::MAX_ARGS + 1]),
+            StatusCode::BAD_REQUEST,
+            "invalid_args",
+        ),
+        (
+            "args",
+            json!(["x".repeat(starling_proto::limits::ARG_LEN + 1)]),
+            StatusCode::BAD_REQUEST,
+            "invalid_args",
+        ),
+        (
+            "demand",
+            json!({"cpu_cores": 0.0}),
+            StatusCode::BAD_REQUEST,
+            "invalid_demand",
+        ),
+        (
+            "input_base64",
+            json!(too_much_input),
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "input_too_large",
+        ),
+        (
+            "input_base64",
+            json!("not base64!"),
+            StatusCode::BAD_REQUEST,
+            "invalid_input",
+        ),
+    ];
+    for (i, (field, value, status, code)) in cases.into_iter().enumerate() {
+        let mut body = forward(&format!("bad-{i}"), digest);
+        body[field] = value;
+        let response = signed(
+            &http,
+            &home,
+            reqwest::Method::POST,
+            &url,
+            Some(&body),
+            unix_now_ms(),
+        )
+        .await;
+        assert_eq!(response.status(), status, "{field}");
+        let error: Value = response.json().await.unwrap();
+        assert_eq!(error["error"], code, "{field}: {error}");
+        // The same body as a local submission gets the same answer.
+        let mut submission = json!({"artifact": digest, field: body[field].clone()});
+        if field == "args" || field == "demand" {
+            submission["input_text"] = json!("hi");
+        }
+        let local = http
+            .post(format!("{rest}/api/v1/tasks"))
+            .json(&submission)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(local.status(), status, "{field} submitted locally");
+        let local: Value = local.json().await.unwrap();
+        assert_eq!(local["error"], code, "{field} submitted locally: {local}");
+    }
+    // The runtime a forward names must be its artifact's.
+    let mut body = forward("opencl", digest);
+    body["runtime"] = json!("opencl");
+    let response = signed(
+        &http,
+        &home,
+        reqwest::Method::POST,
+        &url,
+        Some(&body),
+        unix_now_ms(),
+    )
+    .await;
+    assert_eq!(response.status(), StatusCode::BAD_REQUEST);
+    assert_eq!(task_count(&http, &rest).await, 0);
+
+    // Within bounds, it is taken.
+    let mut body = forward("good", digest);
+    body["args"] = json!(vec!["a"; starling_proto::limits::MAX_ARGS]);
+    let response = signed(
+        &http,
+        &home,
+        reqwest::Method::POST,
+        &url,
+        Some(&body),
+        unix_now_ms(),
+    )
+    .await;
+    assert_eq!(response.status(), StatusCode::CREATED);
+    assert_eq!(task_count(&http, &rest).await, 1);
+    running.shutdown().await;
+}
+
+/// A peer's REST API that answers every artifact fetch with an endless
+/// chunked body (no Content-Length) and everything else with a 404.
+/// Returns its URL and how many artifact bytes it got to write.
+async fn endless_artifact_server() -> (String, std::sync::Arc<std::sync::atomic::AtomicUsize>) {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let sent = std::sync::Arc::new(AtomicUsize::new(0));
+    let counter = sent.clone();
+    tokio::spawn(async move {
+        loop {
+            let Ok((mut stream, _)) = listener.accept().await else {
+                return;
+            };
+            let counter = counter.clone();
+            tokio::spawn(async move {
+                let mut head = Vec::new();
+                let mut buffer = [0u8; 1024];
+                while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+                    match stream.read(&mut buffer).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => head.extend_from_slice(&buffer[..n]),
+                    }
+                }
+                if !head.starts_with(b"GET /api/v1/artifacts/") {
+                    let _ = stream
+                        .write_all(b"HTTP/1.1 404 Not Found\r\ncontent-length: 0\r\n\r\n")
+                        .await;
+                    return;
+                }
+                let header = b"HTTP/1.1 200 OK\r\ncontent-type: application/wasm\r\ntransfer-encoding: chunked\r\n\r\n";
+                if stream.write_all(header).await.is_err() {
+                    return;
+                }
+                let chunk = vec![0u8; 16 * 1024];
+                let framed =
+                    [format!("{:x}\r\n", chunk.len()).as_bytes(), &chunk, b"\r\n"].concat();
+                while stream.write_all(&framed).await.is_ok() {
+                    counter.fetch_add(chunk.len(), Ordering::Relaxed);
+                }
+            });
+        }
+    });
+    (url, sent)
+}
+
+/// Issue 20, item 5: an artifact fetched from a peer is read as a stream
+/// and given up at this site's maximum, whatever the peer sends: here an
+/// endless chunked body without a Content-Length. The forward is refused
+/// and nothing is stored.
+#[tokio::test]
+async fn an_artifact_fetch_stops_at_the_maximum_without_a_content_length() {
+    let dir = tempfile::tempdir().unwrap();
+    let key = ClusterKey::generate().unwrap();
+    let (root, credentials) = trust_root(dir.path());
+    const MAX: usize = 256 * 1024;
+    let running = common::start_coordinator(&dir.path().join("x"), |c| {
+        c.federation = Some(federation(&key, &credentials));
+        c.max_artifact_bytes = MAX;
+    })
+    .await;
+    let gossip: std::net::SocketAddr = running
+        .ready_line()
+        .split_whitespace()
+        .find_map(|field| field.strip_prefix("gossip="))
+        .unwrap()
+        .parse()
+        .unwrap();
+    // site-home: a real coordinator whose gossip names the endless server
+    // as its REST API.
+    let (peer_url, sent) = endless_artifact_server().await;
+    let home_credentials = dir.path().join("site-home.credentials.json");
+    root.issue(&SiteId::new("site-home").unwrap(), unix_now_ms(), None)
+        .unwrap()
+        .write_new(&home_credentials)
+        .unwrap();
+    let home = common::start_coordinator(&dir.path().join("home"), |c| {
+        c.public_url = Some(peer_url.clone());
+        c.federation = Some(FederationConfig {
+            site: "site-home".into(),
+            seeds: vec![gossip],
+            ..federation(&key, &home_credentials)
+        });
+    })
+    .await;
+    let rest = running.rest_url();
+    let http = reqwest::Client::new();
+    common::eventually(
+        std::time::Duration::from_secs(20),
+        "site-x to learn site-home's REST URL",
+        || {
+            let (http, rest, peer_url) = (http.clone(), rest.clone(), peer_url.clone());
+            async move {
+                let sites = common::get_json(&http, &format!("{rest}/api/v1/sites")).await;
+                sites["sites"]
+                    .as_array()?
+                    .iter()
+                    .any(|s| s["site"] == "site-home" && s["api_url"] == peer_url.as_str())
+                    .then_some(())
+            }
+        },
+    )
+    .await;
+
+    let digest = "ab".repeat(32);
+    let response = signed(
+        &http,
+        &identity(&root, "site-home"),
+        reqwest::Method::POST,
+        &format!("{rest}/api/v1/federation/tasks"),
+        Some(&forward("big", &digest)),
+        unix_now_ms(),
+    )
+    .await;
+    assert_eq!(response.status(), StatusCode::CONFLICT);
+    let error: Value = response.json().await.unwrap();
+    assert_eq!(error["error"], "artifact_unavailable", "{error}");
+    let message = error["message"].as_str().unwrap();
+    assert!(
+        message.contains(&format!("more than the {MAX} bytes")),
+        "{message}"
+    );
+    let response = http
+        .get(format!("{rest}/api/v1/artifacts/{digest}"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::NOT_FOUND);
+    assert_eq!(task_count(&http, &rest).await, 0);
+    // It stopped reading: what the peer got to write is the maximum plus
+    // what the sockets buffer, far from unbounded.
+    let written = sent.load(std::sync::atomic::Ordering::Relaxed);
+    assert!(written < 64 * 1024 * 1024, "the peer wrote {written} bytes");
+    home.shutdown().await;
+    running.shutdown().await;
+}
+
+/// The ed25519 signature of `digest` by `key`, as `starling sign` makes it.
+fn publisher_signature(key: &ed25519_dalek::SigningKey, digest: &str) -> Value {
+    use ed25519_dalek::Signer as _;
+    let digest = starling_proto::Digest::parse(digest).unwrap();
+    json!({
+        "key": hex::encode(key.verifying_key().to_bytes()),
+        "signature": hex::encode(key.sign(&digest.0).to_bytes()),
+    })
+}
+
+/// Issue 20, item 4, and the attacker's side of it: a forward carries its
+/// artifact's publisher signature, kept here with the artifact once it
+/// verifies; one that does not verify over that artifact is refused with
+/// `invalid_signature` before anything is fetched or stored, and a peer may
+/// add a signature but not replace one this site holds.
+#[tokio::test]
+async fn a_forward_keeps_its_publisher_signature_and_a_false_one_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let key = ClusterKey::generate().unwrap();
+    let (root, credentials) = trust_root(dir.path());
+    let home = identity(&root, "site-home");
+    let running = common::start_coordinator(dir.path(), |c| {
+        c.federation = Some(federation(&key, &credentials));
+    })
+    .await;
+    let rest = running.rest_url();
+    let http = reqwest::Client::new();
+    let url = format!("{rest}/api/v1/federation/tasks");
+    let stored: Value = common::upload(&http, &rest, common::minimal_wasm()).await;
+    let digest = stored["digest"].as_str().unwrap();
+    let artifact = starling_proto::Digest::parse(digest).unwrap();
+    let publisher = ed25519_dalek::SigningKey::from_bytes(&[3u8; 32]);
+    let other = ed25519_dalek::SigningKey::from_bytes(&[4u8; 32]);
+    let elsewhere = "cd".repeat(32);
+
+    // Signed over another artifact, signed bytes that are not hex, a key
+    // that is not one: refused, nothing stored. For an artifact this site
+    // lacks, the refusal comes before any fetch (its origin is not even known).
+    let mut not_hex = publisher_signature(&publisher, digest);
+    not_hex["signature"] = json!("zz");
+    let mut not_a_key = publisher_signature(&publisher, digest);
+    not_a_key["key"] = json!("00");
+    for (i, (artifact_of_forward, signature)) in [
+        (digest, publisher_signature(&publisher, &elsewhere)),
+        (digest, not_hex),
+        (digest, not_a_key),
+        (elsewhere.as_str(), publisher_signature(&publisher, digest)),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let mut body = forward(&format!("forged-{i}"), artifact_of_forward);
+        body["publisher"] = signature;
+        let response = signed(
+            &http,
+            &home,
+            reqwest::Method::POST,
+            &url,
+            Some(&body),
+            unix_now_ms(),
+        )
+        .await;
+        assert_eq!(response.status(), StatusCode::BAD_REQUEST, "case {i}");
+        let error: Value = response.json().await.unwrap();
+        assert_eq!(error["error"], "invalid_signature", "case {i}: {error}");
+    }
+    assert_eq!(task_count(&http, &rest).await, 0);
+    assert_eq!(
+        running.store().artifact_publisher(&artifact).await.unwrap(),
+        None
+    );
+
+    // A signature that verifies is kept with the artifact: assignments
+    // here carry it, so nodes that trust the publisher run the task.
+    let mut body = forward("signed", digest);
+    body["publisher"] = publisher_signature(&publisher, digest);
+    let response = signed(
+        &http,
+        &home,
+        reqwest::Method::POST,
+        &url,
+        Some(&body),
+        unix_now_ms(),
+    )
+    .await;
+    assert_eq!(response.status(), StatusCode::CREATED);
+    let kept = running
+        .store()
+        .artifact_publisher(&artifact)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(kept.key, publisher.verifying_key().to_bytes().to_vec());
+
+    // Another valid signature by another key does not replace it.
+    let mut body = forward("resigned", digest);
+    body["publisher"] = publisher_signature(&other, digest);
+    let response = signed(
+        &http,
+        &home,
+        reqwest::Method::POST,
+        &url,
+        Some(&body),
+        unix_now_ms(),
+    )
+    .await;
+    assert_eq!(response.status(), StatusCode::CREATED);
+    let kept = running
+        .store()
+        .artifact_publisher(&artifact)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(kept.key, publisher.verifying_key().to_bytes().to_vec());
+    assert_eq!(task_count(&http, &rest).await, 2);
+    running.shutdown().await;
 }

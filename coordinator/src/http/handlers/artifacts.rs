@@ -148,24 +148,7 @@ pub(crate) async fn sign_artifact(
 ) -> Result<Json<ArtifactSignature>, HttpError> {
     let digest = parse_digest(&digest)?;
     let body = json_body(body, "ArtifactSignature")?;
-    let decode = |what: &str, text: &str| {
-        hex::decode(text.trim()).map_err(|error| {
-            HttpError::new(
-                ErrorCode::InvalidSignature,
-                format!("the {what} is not hex ({error}); starling sign writes both"),
-            )
-        })
-    };
-    let publisher = PublisherSignature {
-        key: decode("key", &body.key)?,
-        signature: decode("signature", &body.signature)?,
-    };
-    publisher.verify(&digest).map_err(|detail| {
-        HttpError::new(
-            ErrorCode::InvalidSignature,
-            format!("the publisher signature is refused: {detail}"),
-        )
-    })?;
+    let publisher = verified_publisher(&body, &digest)?;
     if !shared
         .store
         .set_artifact_publisher(&digest, &publisher)
@@ -181,6 +164,34 @@ pub(crate) async fn sign_artifact(
         key: hex::encode(&publisher.key),
         signature: hex::encode(&publisher.signature),
     }))
+}
+
+/// A publisher signature as the API carries it (hex), decoded and checked:
+/// a well-formed ed25519 key and signature that verifies over `digest`.
+/// What an upload's signature and a forward's must both pass.
+pub(crate) fn verified_publisher(
+    body: &ArtifactSignature,
+    digest: &Digest,
+) -> Result<PublisherSignature, HttpError> {
+    let decode = |what: &str, text: &str| {
+        hex::decode(text.trim()).map_err(|error| {
+            HttpError::new(
+                ErrorCode::InvalidSignature,
+                format!("the {what} is not hex ({error}); starling sign writes both"),
+            )
+        })
+    };
+    let publisher = PublisherSignature {
+        key: decode("key", &body.key)?,
+        signature: decode("signature", &body.signature)?,
+    };
+    publisher.verify(digest).map_err(|detail| {
+        HttpError::new(
+            ErrorCode::InvalidSignature,
+            format!("the publisher signature is refused: {detail}"),
+        )
+    })?;
+    Ok(publisher)
 }
 
 pub(crate) fn parse_digest(text: &str) -> Result<Digest, HttpError> {

@@ -1,6 +1,6 @@
 //! The peer side of forwarding, and the federation as this coordinator sees
-//! it (`GET /api/v1/sites`). The federation routes need the peer token (derived from the
-//! cluster key) whatever the API-token settings; `GET /api/v1/sites` is for
+//! it (`GET /api/v1/sites`). The federation routes need a request signed by
+//! the calling site (`http::peer`) whatever the API-token settings; `GET /api/v1/sites` is for
 //! viewers like the rest of the read API.
 
 use std::sync::Arc;
@@ -16,11 +16,15 @@ use starling_proto::{Digest, Runtime};
 
 use starling_api::{
     ApiError, ErrorCode, ForwardAccepted, ForwardRequest, ForwardStatus, SiteEntry, SiteList,
+    SubmitTask,
 };
 
+use super::artifacts::verified_publisher;
+use super::tasks::{check_submission, prepare_task, KnownArtifacts};
 use crate::federation::Federation;
 use crate::http::error::HttpError;
-use crate::store::{CancelOutcome, NewTask, TaskRecord};
+use crate::http::peer::PeerSite;
+use crate::store::{CancelOutcome, TaskRecord};
 use crate::task::unix_now_ms;
 use crate::Shared;
 
@@ -60,17 +64,21 @@ pub(crate) async fn list_sites(State(shared): State<Arc<Shared>>) -> Json<SiteLi
 #[utoipa::path(
     post,
     path = "/api/v1/federation/tasks",
-    security(("bearer" = [])),
+    security(("site_signature" = [])),
     request_body = ForwardRequest,
     responses(
         (status = 201, description = "Stored (or stored before)", body = ForwardAccepted),
-        (status = 400, description = "Not a task this site can take", body = ApiError),
-        (status = 401, description = "Not a peer of this federation", body = ApiError),
-        (status = 409, description = "The origin site is unknown here, or its artifact cannot be fetched", body = ApiError)
+        (status = 400, description = "Not a task this site can take: checked as POST /api/v1/tasks checks a submission; or its publisher signature does not verify over its artifact", body = ApiError),
+        (status = 401, description = "Not signed by a site of this federation (missing, forged, stale, revoked)", body = ApiError),
+        (status = 403, description = "Signed by another site than the one the request names", body = ApiError),
+        (status = 404, description = "The artifact went from this site while the forward was taken", body = ApiError),
+        (status = 409, description = "The origin site is unknown here, or its artifact cannot be fetched", body = ApiError),
+        (status = 413, description = "Input too large", body = ApiError)
     )
 )]
 pub(crate) async fn accept_forward(
     State(shared): State<Arc<Shared>>,
+    caller: PeerSite,
     body: Result<Json<ForwardRequest>, JsonRejection>,
 ) -> Result<(StatusCode, Json<ForwardAccepted>), HttpError> {
     let federation = federation(&shared)?;
@@ -81,6 +89,8 @@ pub(crate) async fn accept_forward(
             rejection.body_text(),
         )
     })?;
+    // A site forwards only its own tasks.
+    caller.require(&request.origin_site)?;
     if let Some(existing) = shared
         .store
         .task_by_origin(&request.origin_site, &request.origin_task)
@@ -101,38 +111,58 @@ pub(crate) async fn accept_forward(
         "opencl" => Runtime::Opencl,
         other => return Err(bad(format!("unknown runtime {other:?}"))),
     };
-    let input = base64::engine::general_purpose::STANDARD
-        .decode(&request.input_base64)
-        .map_err(|e| bad(format!("input is not base64: {e}")))?;
-    if input.len() > starling_proto::limits::MAX_INLINE_INPUT_BYTES {
-        return Err(bad(format!(
-            "input of {} bytes exceeds {}",
-            input.len(),
-            starling_proto::limits::MAX_INLINE_INPUT_BYTES
-        )));
-    }
-    if !(request.work_seconds.is_finite() && request.work_seconds >= 0.0) {
-        return Err(bad("work_seconds must be a non-negative number".into()));
-    }
-    // A peer is trusted to forward, not to lift this site's maxima.
-    crate::http::handlers::tasks::check_limits(&request.limits)?;
-    if shared.store.artifact_info(&artifact).await?.is_none() {
-        fetch_artifact(&shared, federation, &request.origin_site, &artifact).await?;
-    }
-    let task = NewTask {
-        id: uuid::Uuid::now_v7().to_string(),
-        artifact,
-        runtime,
-        input,
+    // A peer is trusted to forward, not to lift this site's bounds: the task
+    // is checked as `POST /api/v1/tasks` checks a submission, by the same
+    // function, first without the artifact, so that a forward this site
+    // would refuse costs it no download.
+    let submission = SubmitTask {
+        artifact: request.artifact,
+        input_base64: Some(request.input_base64),
+        input_text: None,
         args: request.args,
+        deadline_ms: None,
+        priority: request.priority,
         class: request.class,
         demand: request.demand,
         limits: request.limits,
-        work_seconds: request.work_seconds,
-        priority: request.priority,
-        deadline_unix_ms: request.deadline_unix_ms,
-        created_ms: request.created_ms,
+        work_seconds: Some(request.work_seconds),
+        grants: None,
     };
+    check_submission(&submission)?;
+    // Provenance: the publisher signature must verify over this artifact
+    // before anything is fetched or stored.
+    let publisher = request
+        .publisher
+        .as_ref()
+        .map(|publisher| verified_publisher(publisher, &artifact))
+        .transpose()?;
+    if shared.store.artifact_info(&artifact).await?.is_none() {
+        fetch_artifact(&shared, federation, &request.origin_site, &artifact).await?;
+    }
+    let mut task = prepare_task(&shared, submission, &mut KnownArtifacts::default()).await?;
+    if task.runtime != runtime {
+        return Err(bad(format!(
+            "the forward says runtime {}, but artifact {artifact} is a {} artifact",
+            runtime.as_str(),
+            task.runtime.as_str()
+        )));
+    }
+    // The task keeps its home's clock: the deadline it must meet there, and
+    // when it was submitted.
+    task.deadline_unix_ms = request.deadline_unix_ms;
+    task.created_ms = request.created_ms;
+    if let Some(publisher) = &publisher {
+        // Kept with the artifact, so assignments here carry it as they do
+        // at home. One already recorded here stays: a peer may add a
+        // signature, not replace one (it could swap in a key this site's
+        // nodes do not trust and so stop them running the artifact).
+        if shared.store.artifact_publisher(&artifact).await?.is_none() {
+            shared
+                .store
+                .set_artifact_publisher(&artifact, publisher)
+                .await?;
+        }
+    }
     let (task_id, created) = shared
         .store
         .insert_forwarded_task(&task, &request.origin_site, &request.origin_task)
@@ -170,7 +200,7 @@ pub(crate) async fn fetch_artifact(
             ))
         })?;
     let url = format!("{api_url}/api/v1/artifacts/{}", artifact.to_hex());
-    let response = federation.http.get(&url).send().await.map_err(|e| {
+    let mut response = federation.http.get(&url).send().await.map_err(|e| {
         conflict(format!(
             "cannot fetch artifact {artifact} from {origin}: {e}"
         ))
@@ -189,15 +219,21 @@ pub(crate) async fn fetch_artifact(
             "artifact {artifact} is larger than this site accepts"
         )));
     }
-    let bytes = response.bytes().await.map_err(|e| {
+    // Read chunk by chunk and given up past the maximum: a peer may send no
+    // Content-Length (chunked) or a false one.
+    let mut bytes = Vec::new();
+    while let Some(chunk) = response.chunk().await.map_err(|e| {
         conflict(format!(
             "cannot fetch artifact {artifact} from {origin}: {e}"
         ))
-    })?;
-    if bytes.len() > shared.max_artifact_bytes {
-        return Err(conflict(format!(
-            "artifact {artifact} is larger than this site accepts"
-        )));
+    })? {
+        if bytes.len() + chunk.len() > shared.max_artifact_bytes {
+            return Err(conflict(format!(
+                "site {origin} sent more than the {} bytes this site accepts for artifact {artifact}",
+                shared.max_artifact_bytes
+            )));
+        }
+        bytes.extend_from_slice(&chunk);
     }
     let actual = Digest(Sha256::digest(&bytes).into());
     if actual != *artifact {
@@ -236,14 +272,15 @@ pub(crate) async fn forwarded(
 #[utoipa::path(
     get,
     path = "/api/v1/federation/tasks/{site}/{task}",
-    security(("bearer" = [])),
+    security(("site_signature" = [])),
     params(
         ("site" = String, Path, description = "The site that forwarded it"),
         ("task" = String, Path, description = "Its id at that site")
     ),
     responses(
         (status = 200, description = "Its state here", body = ForwardStatus),
-        (status = 401, description = "Not a peer of this federation", body = ApiError),
+        (status = 401, description = "Not signed by a site of this federation (missing, forged, stale, revoked)", body = ApiError),
+        (status = 403, description = "Signed by another site than the one the request names", body = ApiError),
         (status = 404, description = "Never forwarded here", body = ApiError)
     )
 )]
@@ -269,14 +306,15 @@ pub(crate) async fn forward_status(
 #[utoipa::path(
     post,
     path = "/api/v1/federation/tasks/{site}/{task}/cancel",
-    security(("bearer" = [])),
+    security(("site_signature" = [])),
     params(
         ("site" = String, Path, description = "The site that forwarded it"),
         ("task" = String, Path, description = "Its id at that site")
     ),
     responses(
         (status = 200, description = "Cancelled, cancelling, or already ended", body = ForwardStatus),
-        (status = 401, description = "Not a peer of this federation", body = ApiError),
+        (status = 401, description = "Not signed by a site of this federation (missing, forged, stale, revoked)", body = ApiError),
+        (status = 403, description = "Signed by another site than the one the request names", body = ApiError),
         (status = 404, description = "Never forwarded here", body = ApiError)
     )
 )]

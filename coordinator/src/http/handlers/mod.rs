@@ -9,4 +9,5 @@ pub(super) mod events;
 pub(super) mod federation;
 pub(super) mod metrics;
 pub(super) mod nodes;
+pub(super) mod revocations;
 pub(super) mod tasks;
