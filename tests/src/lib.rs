@@ -75,6 +75,35 @@ pub fn log_filter() -> String {
     std::env::var("STARLING_TEST_LOG").unwrap_or_else(|_| "info,starling=debug".into())
 }
 
+/// Credentials for each of `sites` from one new trust root, the way an
+/// operator makes them: `federation init` for the first site (the root
+/// stays in `dir`), `federation issue` for the others. The files, in order.
+pub fn site_credentials(dir: &Path, sites: &[&str]) -> Vec<PathBuf> {
+    let coordinator = binary("starling-coordinator");
+    let mut files = Vec::new();
+    for (i, site) in sites.iter().enumerate() {
+        let file = dir.join(format!("{site}.credentials.json"));
+        let mut command = Command::new(&coordinator);
+        if i == 0 {
+            command.args(["federation", "init", "--site", site]);
+        } else {
+            command
+                .args(["federation", "issue", "--site", site, "--out"])
+                .arg(&file);
+        }
+        let out = command.arg("--data-dir").arg(dir).output().unwrap();
+        assert!(
+            out.status.success(),
+            "federation credentials for {site}: {out:?}"
+        );
+        if i == 0 {
+            std::fs::rename(dir.join("site-credentials.json"), &file).unwrap();
+        }
+        files.push(file);
+    }
+    files
+}
+
 /// The path of one of the workspace's binaries, built on first use.
 pub fn binary(name: &str) -> PathBuf {
     BUILD.call_once(|| {

@@ -314,12 +314,16 @@ fn the_console_fills_in_live_and_explains_a_placement() {
             .stdout,
     )
     .unwrap();
+    let root = tempfile::tempdir().unwrap();
+    let credentials = starling_tests::site_credentials(root.path(), &["lab"]);
     let coordinator = Coordinator::start(
         None,
         Store::Sqlite,
         &[
             "--site",
             "lab",
+            "--site-credentials",
+            credentials[0].to_str().unwrap(),
             "--cluster-key",
             key.trim(),
             "--gossip-listen",
