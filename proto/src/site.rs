@@ -17,11 +17,11 @@ use crate::ids::{Digest, NodeId};
 pub type SiteId = NodeId;
 
 /// Most bytes an encoded digest may take. One gossip broadcast carries at
-/// most 1200 bytes beside the gossip header in a 1400-byte datagram; a
-/// digest travels signed by its site, with the site's certificate (at most
-/// 245 bytes more: the coordinator's `federation::identity::digest`), so
-/// the digest itself gets 950.
-pub const MAX_DIGEST_BYTES: usize = 950;
+/// most 1170 bytes beside the largest gossip header in a 1400-byte sealed
+/// datagram; a digest travels signed by its site, with the site's
+/// certificate (at most 245 bytes more: the coordinator's
+/// `federation::identity::digest`), so the digest itself gets 925.
+pub const MAX_DIGEST_BYTES: usize = 925;
 /// Longest REST base URL a digest carries.
 pub const DIGEST_URL_LEN: usize = 128;
 /// Most task classes a digest describes.

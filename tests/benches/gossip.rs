@@ -205,7 +205,10 @@ impl<'f> Cluster<'f> {
                 command
                     .args(["gossip-member", "--site", &format!("m{i}")])
                     .args(["--bind", &self.addr(i), "--cluster-key", &self.key])
-                    .env("RUST_LOG", "info");
+                    .env(
+                        "RUST_LOG",
+                        std::env::var("STARLING_GOSSIP_LOG").unwrap_or_else(|_| "info".into()),
+                    );
                 if self.kind == Kind::StarlingClassic {
                     command.arg("--no-lifeguard");
                 }

@@ -1,7 +1,9 @@
-//! The cluster key: every gossip datagram is sealed with it (ChaCha20-Poly1305,
-//! a fresh random nonce per datagram), so only coordinators holding the key
-//! join, read or speak in the federation. A datagram that does not open is
-//! dropped before any of its bytes reach the gossip library.
+//! The cluster key: every gossip datagram and state-sync frame is sealed
+//! with it (ChaCha20-Poly1305, a fresh random nonce each), so only
+//! coordinators holding the key join, read or speak in the gossip. A
+//! datagram that does not open is dropped before any of its bytes reach the
+//! gossip library. It authenticates nothing else: each site's own identity
+//! (`super::identity`) signs its digests and its REST calls.
 
 use base64::Engine;
 use ring::aead::{Aad, LessSafeKey, Nonce, UnboundKey, CHACHA20_POLY1305, NONCE_LEN};
@@ -45,7 +47,6 @@ pub enum OpenError {
 pub struct ClusterKey {
     key: LessSafeKey,
     random: SystemRandom,
-    peer_token: String,
 }
 
 impl std::fmt::Debug for ClusterKey {
@@ -67,22 +68,10 @@ impl ClusterKey {
     fn from_bytes(bytes: &[u8]) -> Result<Self, KeyError> {
         let unbound = UnboundKey::new(&CHACHA20_POLY1305, bytes)
             .map_err(|_| KeyError::Length(bytes.len()))?;
-        // A separate secret for REST, derived so that the token never
-        // reveals the key that seals gossip.
-        let tag = ring::hmac::sign(
-            &ring::hmac::Key::new(ring::hmac::HMAC_SHA256, bytes),
-            b"starling-federation-rest/1",
-        );
         Ok(Self {
             key: LessSafeKey::new(unbound),
             random: SystemRandom::new(),
-            peer_token: format!("starling-peer.{}", hex::encode(tag.as_ref())),
         })
-    }
-
-    /// The bearer token sites present on each other's federation routes.
-    pub fn peer_token(&self) -> &str {
-        &self.peer_token
     }
 
     /// A new random key in base64.

@@ -78,6 +78,8 @@ pub async fn run(args: GossipMemberArgs) -> anyhow::Result<()> {
             advertise: None,
             seeds: args.seeds.clone(),
             lifeguard: !args.no_lifeguard,
+            // Unsigned digests: these members have no credentials.
+            signing: None,
         },
         key,
     )

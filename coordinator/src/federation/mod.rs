@@ -84,7 +84,7 @@ pub(crate) struct Federation {
     pub(crate) site: SiteId,
     pub(crate) gossip: Gossip,
     /// This site's key and certificate: it signs every call to a peer.
-    pub(crate) identity: identity::SiteIdentity,
+    pub(crate) identity: Arc<identity::SiteIdentity>,
     /// The trust root and the revocations known: every peer's call and
     /// digest is checked against it.
     pub(crate) trust: Arc<identity::Trust>,
@@ -114,6 +114,7 @@ impl Federation {
         let site = SiteId::new(&config.site)
             .map_err(|error| FederationError::Site(config.site.clone(), error))?;
         let (identity, trust) = identity_of(&site, &config.site_credentials, store).await?;
+        let identity = Arc::new(identity);
         let gossip = Gossip::start(
             GossipConfig {
                 site: site.clone(),
@@ -121,6 +122,10 @@ impl Federation {
                 advertise: config.gossip_advertise,
                 seeds: config.seeds.clone(),
                 lifeguard: true,
+                signing: Some(gossip::Signing {
+                    identity: identity.clone(),
+                    trust: trust.clone(),
+                }),
             },
             key.clone(),
         )

@@ -326,10 +326,11 @@ pub fn assignment(
             max: ARG_LEN,
         };
         let arg = heapless_string(arg).ok_or_else(too_long)?;
-        args.push(arg).map_err(|_| BuildAssignmentError::TooManyArgs {
-            count: spec.args.len(),
-            max: MAX_ARGS,
-        })?;
+        args.push(arg)
+            .map_err(|_| BuildAssignmentError::TooManyArgs {
+                count: spec.args.len(),
+                max: MAX_ARGS,
+            })?;
     }
     Ok(Assignment {
         v: PROTOCOL_VERSION,

@@ -14,6 +14,7 @@ use starling_proto::{DecodeError, SiteDigest};
 use tokio::sync::broadcast;
 
 use super::{GossipEvent, MemberId};
+use crate::federation::identity::{open_digest, OpenDigestError, Trust};
 use crate::federation::sites::SiteTable;
 
 /// Why a received digest was dropped.
@@ -25,6 +26,10 @@ pub enum DigestError {
     /// Not a digest.
     #[error(transparent)]
     Decode(#[from] DecodeError),
+    /// Not signed by the site it names, with a certificate this federation
+    /// trusts (forged, another root's, expired, revoked).
+    #[error(transparent)]
+    Signature(#[from] OpenDigestError),
 }
 
 /// Identifies a digest in foca's dissemination backlog: a newer version of
@@ -51,6 +56,9 @@ pub(super) struct DigestHandler {
     pub(super) table: Arc<Mutex<SiteTable>>,
     pub(super) events: broadcast::Sender<GossipEvent>,
     pub(super) latest: Latest,
+    /// Checks that each digest is signed by its site; `None` takes them
+    /// unsigned (benchmark members without credentials).
+    pub(super) trust: Option<Arc<Trust>>,
 }
 
 impl DigestHandler {
@@ -69,10 +77,11 @@ impl BroadcastHandler<MemberId> for DigestHandler {
         data: &[u8],
         sender: Option<&MemberId>,
     ) -> Result<Option<DigestKey>, DigestError> {
-        if data.len() > MAX_DIGEST_BYTES {
-            return Err(DigestError::Oversize(data.len()));
-        }
-        let digest: SiteDigest = starling_proto::decode(data)?;
+        let digest: SiteDigest = match &self.trust {
+            Some(trust) => open_digest(trust, data, crate::task::unix_now_ms())?,
+            None if data.len() > MAX_DIGEST_BYTES => return Err(DigestError::Oversize(data.len())),
+            None => starling_proto::decode(data)?,
+        };
         let key = DigestKey {
             site: digest.site.to_string(),
             version: digest.version,
@@ -122,6 +131,7 @@ mod tests {
             table: table.clone(),
             events,
             latest: Latest::default(),
+            trust: None,
         };
         let sender = MemberId {
             site: "b".into(),

@@ -187,10 +187,10 @@ impl Lifeguard {
             return;
         }
         match &header.message {
-            Message::Ack(probe_number) | Message::ForwardedAck { probe_number, .. } => {
-                if self.probes.remove(probe_number).is_some() {
-                    self.change_score(-1);
-                }
+            Message::Ack(probe_number) | Message::ForwardedAck { probe_number, .. }
+                if self.probes.remove(probe_number).is_some() =>
+            {
+                self.change_score(-1);
             }
             Message::PingReq {
                 target,
@@ -285,18 +285,17 @@ impl Lifeguard {
                 } else {
                     CONFIRMATIONS
                 };
+                // foca asks again at each failed probe of a member it
+                // already suspects: the suspicion's clock runs from the first.
                 let key = (member_id.addr, *incarnation);
-                self.suspicions.insert(
-                    key,
-                    Suspicion {
-                        started_ms: now_ms,
-                        min: after,
-                        max: after.saturating_mul(MAX_TIMEOUT_FACTOR),
-                        wanted,
-                        confirmed_by: HashSet::new(),
-                        timer,
-                    },
-                );
+                self.suspicions.entry(key).or_insert(Suspicion {
+                    started_ms: now_ms,
+                    min: after,
+                    max: after.saturating_mul(MAX_TIMEOUT_FACTOR),
+                    wanted,
+                    confirmed_by: HashSet::new(),
+                    timer,
+                });
                 None
             }
             _ => Some((timer, after)),
@@ -543,6 +542,12 @@ mod tests {
         );
         assert_eq!(guard.expired, 1);
         assert!(guard.suspicions().is_empty());
+
+        // Asked again while held (another failed probe): the clock runs on
+        // from the first time.
+        assert_eq!(guard.schedule(down.clone(), min, 100_000, 2), None);
+        assert_eq!(guard.schedule(down.clone(), min, 102_000, 2), None);
+        assert_eq!(guard.poll(104_000), vec![Action::Deliver(down.clone())]);
 
         // Refuted before it is due: forgotten, never delivered.
         assert_eq!(guard.schedule(down.clone(), min, 0, 10), None);

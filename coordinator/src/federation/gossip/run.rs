@@ -56,6 +56,8 @@ pub(super) struct Loop {
     next_seed: usize,
     next_sync: Instant,
     rng: rand010::rngs::StdRng,
+    /// Tests cut a member off: every datagram in or out is dropped.
+    cut: bool,
 }
 
 impl Loop {
@@ -71,6 +73,7 @@ impl Loop {
             next_seed: 0,
             next_sync: Instant::now() + sync::INTERVAL,
             rng: rand010::make_rng(),
+            cut: false,
         }
     }
 
@@ -106,6 +109,7 @@ impl Loop {
                     for action in self.parts.lifeguard.poll(unix_now_ms()) {
                         match action {
                             Action::Deliver(timer) => {
+                                tracing::debug!(?timer, "suspicion due");
                                 if let Err(error) = self.parts.foca.handle_timer(timer, &mut runtime) {
                                     tracing::debug!(%error, "gossip timer");
                                 }
@@ -171,6 +175,8 @@ impl Loop {
                         let _ = done.send(());
                         return;
                     }
+                    #[cfg(test)]
+                    Some(Command::Cut(cut)) => self.cut = cut,
                     None => return,
                 },
             }
@@ -181,6 +187,9 @@ impl Loop {
     /// Opens, checks and dispatches one datagram.
     async fn receive(&mut self, datagram: &mut [u8], from: SocketAddr, runtime: &mut Runtime) {
         let counters = self.parts.counters.clone();
+        if self.cut {
+            return;
+        }
         add(&counters.datagrams_in, 1);
         add(&counters.bytes_in, datagram.len() as u64);
         if datagram.len() > MAX_DATAGRAM {
@@ -251,6 +260,9 @@ impl Loop {
 
     /// Seals and sends one datagram.
     async fn send(&mut self, to: SocketAddr, kind: Kind, body: &[u8]) {
+        if self.cut {
+            return;
+        }
         let sealed = match self.parts.key.seal(&wire::frame(kind, unix_now_ms(), body)) {
             Ok(sealed) => sealed,
             Err(error) => {
@@ -395,6 +407,7 @@ impl Loop {
                 }
                 OwnedNotification::ProbeFailed(probe_number, member) => {
                     self.parts.lifeguard.probe_failed(probe_number);
+                    tracing::debug!(site = %member.site, score = self.parts.lifeguard.score(), "probe failed");
                     failed.push(member);
                 }
                 OwnedNotification::Rejoin(_) | OwnedNotification::Idle => {
@@ -411,6 +424,7 @@ impl Loop {
         while let Some((after, timer)) = runtime.to_schedule() {
             let Some((timer, after)) = self.parts.lifeguard.schedule(timer, after, now_ms, members)
             else {
+                tracing::debug!(?after, "suspicion raised, held by Lifeguard");
                 continue;
             };
             let timers = timers.clone();

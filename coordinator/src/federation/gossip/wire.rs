@@ -150,7 +150,7 @@ impl ReplayGuard {
     }
 
     /// Nonces remembered now.
-    pub fn len(&self) -> usize {
+    pub fn remembered(&self) -> usize {
         self.seen.len()
     }
 }
@@ -225,7 +225,7 @@ mod tests {
         // Once out of the window, a nonce is forgotten (and would be stale).
         let later = now + REPLAY_WINDOW_MS + 10;
         guard.check([5; NONCE_LEN], later, later).unwrap();
-        assert_eq!(guard.len(), 1);
+        assert_eq!(guard.remembered(), 1);
         assert_eq!(
             guard.check([1; NONCE_LEN], now - 5, later),
             Err(WireError::Stale {
