@@ -19,7 +19,7 @@
 //! - `STARLING_GOSSIP_ONLY` (`starling` or `serf`): run one side only;
 //! - `STARLING_GOSSIP_STARVE` (default `10:3`): members and how many of them
 //!   to starve (`0` skips it); `_STARVE_SECONDS` (60) how long;
-//!   `_STARVE_CPU_MS` (50) the CPU they get each second.
+//!   `_STARVE_CPU_MS` (`3,1`) the CPU they get each second, a run each.
 //!
 //! One member per namespace, all joining through member 0, the only seed.
 //! Starling runs `starling-coordinator gossip-member` (SWIM by foca, timed
@@ -870,7 +870,14 @@ fn main() {
         .and_then(|(n, k)| Some((n.trim().parse().ok()?, k.trim().parse().ok()?)))
         .filter(|&(n, k)| n >= 2 && k >= 1 && k < n);
     let starve_window = Duration::from_secs(env_usize("STARLING_GOSSIP_STARVE_SECONDS", 60) as u64);
-    let starve_cpu = Duration::from_millis(env_usize("STARLING_GOSSIP_STARVE_CPU_MS", 50) as u64);
+    // The CPU each starved member gets per second, one run per level.
+    let starve_cpu: Vec<Duration> = std::env::var("STARLING_GOSSIP_STARVE_CPU_MS")
+        .unwrap_or_else(|_| "3,1".into())
+        .split(',')
+        .filter_map(|s| s.trim().parse().ok())
+        .filter(|&ms| ms > 0)
+        .map(Duration::from_millis)
+        .collect();
     let mut kinds = vec![Kind::Starling, Kind::StarlingClassic, Kind::Serf];
     kinds.retain(|k| {
         only.is_empty()
@@ -937,23 +944,25 @@ fn main() {
     let mut starved_rows = Vec::new();
     if let Some((n, starved)) = starve {
         let fabric = Fabric::create(n).unwrap();
-        for (kind, program) in &programs {
-            let figures = match program {
-                Ok(program) => starvation(
-                    *kind,
-                    &fabric,
-                    program.clone(),
-                    &key,
-                    starved,
-                    starve_window,
-                    starve_cpu,
-                ),
-                Err(why) => Starved {
-                    skipped: Some(why.clone()),
-                    ..Starved::default()
-                },
-            };
-            starved_rows.push((*kind, figures));
+        for &cpu in &starve_cpu {
+            for (kind, program) in &programs {
+                let figures = match program {
+                    Ok(program) => starvation(
+                        *kind,
+                        &fabric,
+                        program.clone(),
+                        &key,
+                        starved,
+                        starve_window,
+                        cpu,
+                    ),
+                    Err(why) => Starved {
+                        skipped: Some(why.clone()),
+                        ..Starved::default()
+                    },
+                };
+                starved_rows.push((cpu, *kind, figures));
+            }
         }
     }
 
@@ -1013,18 +1022,20 @@ fn main() {
     let mut starved_table = String::new();
     if let Some((n, starved)) = starve {
         starved_table.push_str(
-            "| implementation | healthy members declared down | starved members declared down \
-             | down declarations (observer × member) | all saw all before |\n\
-             | --- | ---: | ---: | ---: | --- |\n",
+            "| CPU a second | implementation | healthy members declared down \
+             | starved members declared down | down declarations (observer × member) \
+             | all saw all before |\n\
+             | ---: | --- | ---: | ---: | ---: | --- |\n",
         );
-        for (kind, figures) in &starved_rows {
+        for (cpu, kind, figures) in &starved_rows {
+            let cpu = format!("{} ms", cpu.as_millis());
             match &figures.skipped {
                 Some(why) => starved_table.push_str(&format!(
-                    "| {} | n/a | n/a | n/a | not measured: {why} |\n",
+                    "| {cpu} | {} | n/a | n/a | n/a | not measured: {why} |\n",
                     kind.name()
                 )),
                 None => starved_table.push_str(&format!(
-                    "| {} | {} of {} | {} of {starved} | {} | {} |\n",
+                    "| {cpu} | {} | {} of {} | {} of {starved} | {} | {} |\n",
                     kind.name(),
                     figures.healthy_down,
                     n - starved,
@@ -1035,9 +1046,9 @@ fn main() {
             }
         }
         starved_table.push_str(&format!(
-            "\n{n} members, members 1 to {starved} held to {} ms of CPU a second (a cgroup \
-             quota) for {} s; nobody failed, so every member declared down is a false positive.",
-            starve_cpu.as_millis(),
+            "\n{n} members; members 1 to {starved} held by a cgroup quota to the CPU \
+             shown each second for {} s; nobody failed, so every member declared down is a \
+             false positive.",
             starve_window.as_secs()
         ));
         println!("\n{starved_table}");
