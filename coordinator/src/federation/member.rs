@@ -2,8 +2,7 @@
 //! synthetic site digest, for benchmarks and experiments with many members
 //! on one machine. It prints what it sees as JSON lines on stdout and takes
 //! commands on stdin (`bump`: publish a new digest; `leave`: leave and exit).
-//! Like a coordinator, it publishes its digest when a site joins and at
-//! least every [`super::gossip::DIGEST_REFRESH`], so a lost digest is caught
+//! Like a coordinator, it publishes its digest at least every [`super::Gossip::digest_refresh`], so a lost digest is caught
 //! up. It runs until `leave` or a signal; a closed stdin only stops the
 //! commands.
 
@@ -92,25 +91,19 @@ pub async fn run(args: GossipMemberArgs) -> anyhow::Result<()> {
     print(&serde_json::json!({"event": "ready", "site": site.as_str(), "addr": gossip.local_addr().to_string()})).await?;
     let mut lines = BufReader::new(tokio::io::stdin()).lines();
     let mut stdin_open = true;
-    // As a coordinator does: newcomers learn this site's digest soon, with
-    // one publication per check however many joined meanwhile, and the
-    // digest is published again at least every refresh period.
-    let mut joined = false;
+    // As a coordinator does: the digest is published again at least every
+    // refresh period (newcomers get it from their seed by state sync).
     let mut published = tokio::time::Instant::now();
     let mut check = tokio::time::interval(super::DIGEST_CHECK);
     loop {
         tokio::select! {
-            _ = check.tick(), if joined || published.elapsed() >= super::gossip::DIGEST_REFRESH => {
-                joined = false;
+            _ = check.tick(), if published.elapsed() >= gossip.digest_refresh() => {
                 published = tokio::time::Instant::now();
                 version = crate::task::unix_now_ms().max(version + 1);
                 gossip.publish(&synthetic_digest(&site, args.bind, version)).map_err(anyhow::Error::msg)?;
             }
             event = events.recv() => match event {
-                Ok(event) => {
-                    joined |= matches!(event, super::GossipEvent::Up { .. });
-                    print(&serde_json::to_value(&event)?).await?
-                }
+                Ok(event) => print(&serde_json::to_value(&event)?).await?,
                 Err(tokio::sync::broadcast::error::RecvError::Lagged(missed)) => {
                     print(&serde_json::json!({"event": "lagged", "missed": missed})).await?;
                 }

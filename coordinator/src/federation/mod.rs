@@ -291,17 +291,18 @@ async fn digest(
         .map_err(|error| format!("{error}; pass a shorter --public-url so peers can forward here"))
 }
 
-/// Publishes this site's digest when it changed, when a site joined (so the
-/// newcomer learns it at once), and at least every [`gossip::DIGEST_REFRESH`].
+/// Publishes this site's digest when it changed and at least every
+/// [`Gossip::digest_refresh`]. A site that joins gets every digest from its
+/// seed by state sync, so a join is no reason to publish: when every site
+/// republished on each join, 200 sites starting together flooded the
+/// gossip.
 async fn publish_digests(
     source: DigestSource,
     federation: Arc<Federation>,
     mut stop: watch::Receiver<bool>,
 ) {
-    let mut events = federation.gossip.subscribe();
     let mut last: Option<(SiteDigest, Instant)> = None;
     let mut version = 0u64;
-    let mut joined = false;
     loop {
         // Compared without its version: only a change of figures is news.
         match digest(&source, &federation, 1).await {
@@ -309,7 +310,7 @@ async fn publish_digests(
                 let due = match &last {
                     None => true,
                     Some((previous, at)) => {
-                        joined || *previous != fresh || at.elapsed() >= gossip::DIGEST_REFRESH
+                        *previous != fresh || at.elapsed() >= federation.gossip.digest_refresh()
                     }
                 };
                 if due {
@@ -320,18 +321,11 @@ async fn publish_digests(
                         Ok(()) => last = Some((unversioned, Instant::now())),
                         Err(error) => tracing::warn!(%error, "cannot publish this site's digest"),
                     }
-                    joined = false;
                 }
             }
             Err(error) => tracing::warn!(%error, "cannot compute this site's digest"),
         }
         let stopping = tokio::select! {
-            event = events.recv() => {
-                if matches!(event, Ok(GossipEvent::Up { .. })) {
-                    joined = true;
-                }
-                false
-            }
             _ = tokio::time::sleep(DIGEST_CHECK) => false,
             _ = stop.wait_for(|stopped| *stopped) => true,
         };

@@ -16,6 +16,9 @@
 //!   member raised starts at [`MAX_TIMEOUT_FACTOR`] × foca's timeout and
 //!   falls towards it, logarithmically, as other members report their own
 //!   failed probes of the suspect ([`wire::Suspect`]), each counted once.
+//!   In foca only the member that raised a suspicion declares the suspect
+//!   down; it announces that it holds it (`wire::Kind::Holding`, once per
+//!   suspicion) so that confirmations go to it and to the suspect alone.
 //!
 //! No I/O and no clock: instants are handed in, and what to do comes back.
 
@@ -37,8 +40,9 @@ pub const MAX_TIMEOUT_FACTOR: u32 = 6;
 /// timeout (memberlist's `SuspicionMult - 2`).
 const CONFIRMATIONS: u32 = 2;
 /// A relay nacks once the probed member has been silent this long, a share
-/// of the probe timeout, so the nack reaches the requester in its round.
-const NACK_SHARE: f64 = 0.8;
+/// of the probe timeout, so the nack reaches the requester well inside its
+/// round (which ends a probe timeout after the relay was asked).
+const NACK_SHARE: f64 = 0.5;
 
 /// What the loop must do.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -302,6 +306,14 @@ impl Lifeguard {
         }
     }
 
+    /// The earliest instant something is due (a held suspicion, an owed
+    /// nack), if anything is pending.
+    pub fn next_due_ms(&self) -> Option<u64> {
+        let suspicions = self.suspicions.values().map(Suspicion::due_ms);
+        let nacks = self.relays.iter().map(|relay| relay.nack_at_ms);
+        suspicions.chain(nacks).min()
+    }
+
     /// What is due at `now_ms`.
     pub fn poll(&mut self, now_ms: u64) -> Vec<Action> {
         let mut actions = Vec::new();
@@ -338,6 +350,11 @@ impl Lifeguard {
     /// declared down by someone else).
     pub fn forget(&mut self, member: SocketAddr, incarnation: Incarnation) {
         self.suspicions.remove(&(member, incarnation));
+    }
+
+    /// Whether a suspicion of `member` at `incarnation` is held here.
+    pub fn holds(&self, member: SocketAddr, incarnation: Incarnation) -> bool {
+        self.suspicions.contains_key(&(member, incarnation))
     }
 
     /// Suspicions held now, as (member, incarnation).
@@ -494,9 +511,10 @@ mod tests {
             1_100,
             RTT,
         );
-        assert_eq!(guard.poll(1_399), vec![]);
+        assert_eq!(guard.next_due_ms(), Some(1_250));
+        assert_eq!(guard.poll(1_249), vec![]);
         assert_eq!(
-            guard.poll(1_400),
+            guard.poll(1_250),
             vec![Action::SendNack {
                 to: id(1).addr,
                 nack: Nack {
@@ -518,6 +536,7 @@ mod tests {
         };
         let min = Duration::from_secs(4);
         assert_eq!(guard.schedule(down.clone(), min, 10_000, 10), None);
+        assert_eq!(guard.next_due_ms(), Some(10_000 + 24_000));
         // Alone, it waits 6 × 4 s.
         assert_eq!(guard.poll(10_000 + 23_999), vec![]);
         let suspect = |from: u16, incarnation| Suspect {

@@ -3,6 +3,7 @@
 //! notify) with Lifeguard watching and stretching timers, and runs state
 //! syncs: at join until one succeeds, on rejoin, and periodically.
 
+use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -24,9 +25,6 @@ use crate::task::unix_now_ms;
 
 type Swim = Foca<MemberId, PostcardCodec, rand010::rngs::StdRng, DigestHandler>;
 type Runtime = AccumulatingRuntime<MemberId>;
-
-/// How often Lifeguard's held timers and owed nacks are looked at.
-const LIFEGUARD_TICK: Duration = Duration::from_millis(50);
 
 /// What the loop is built from.
 pub(super) struct Parts {
@@ -54,11 +52,25 @@ pub(super) struct Loop {
     joining: bool,
     /// The seed the next join sync goes to.
     next_seed: usize,
+    /// When a join sync may be tried again, and the wait after the next
+    /// failure: doubling up to [`MAX_JOIN_BACKOFF`], so joiners whose seed
+    /// is busy do not hammer it.
+    next_join_try: Instant,
+    join_backoff: Duration,
     next_sync: Instant,
     rng: rand010::rngs::StdRng,
     /// Tests cut a member off: every datagram in or out is dropped.
     cut: bool,
+    /// Who holds the timer of each suspicion (announced by `Holding`), so
+    /// confirmations go there rather than to everyone.
+    holders: HashMap<(SocketAddr, foca::Incarnation), Vec<SocketAddr>>,
 }
+
+/// Longest wait between two join syncs that failed.
+const MAX_JOIN_BACKOFF: Duration = Duration::from_secs(16);
+
+/// Most holders remembered for one suspicion.
+const MAX_HOLDERS: usize = 8;
 
 impl Loop {
     pub(super) fn new(parts: Parts) -> Self {
@@ -71,9 +83,12 @@ impl Loop {
             syncing: false,
             joining,
             next_seed: 0,
+            next_join_try: Instant::now(),
+            join_backoff: super::SEED_RETRY,
             next_sync: Instant::now() + sync::INTERVAL,
             rng: rand010::make_rng(),
             cut: false,
+            holders: HashMap::new(),
         }
     }
 
@@ -87,8 +102,6 @@ impl Loop {
         let (pulled_tx, mut pulled) = mpsc::channel::<Result<Received, SyncError>>(4);
         let mut seed_retry = tokio::time::interval(super::SEED_RETRY);
         seed_retry.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        let mut lifeguard_tick = tokio::time::interval(LIFEGUARD_TICK);
-        lifeguard_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut buffer = vec![0u8; MAX_DATAGRAM + 1];
         let socket = self.parts.socket.clone();
         loop {
@@ -105,7 +118,9 @@ impl Loop {
                     }
                     self.note_suspects();
                 }
-                _ = lifeguard_tick.tick() => {
+                // Woken only when Lifeguard has something due: idle members
+                // cost nothing between probes.
+                _ = sleep_until_ms(self.parts.lifeguard.next_due_ms()) => {
                     for action in self.parts.lifeguard.poll(unix_now_ms()) {
                         match action {
                             Action::Deliver(timer) => {
@@ -132,7 +147,7 @@ impl Loop {
                             }
                         }
                     }
-                    if self.joining {
+                    if self.joining && Instant::now() >= self.next_join_try {
                         self.start_sync(None, &pulled_tx);
                     }
                 }
@@ -146,16 +161,26 @@ impl Loop {
                         Ok(received) => {
                             if self.apply(received, &mut runtime).is_ok() {
                                 self.joining = false;
+                                self.join_backoff = super::SEED_RETRY;
                             }
                         }
                         Err(error) => {
                             add(&self.parts.counters.syncs_failed, 1);
                             tracing::debug!(%error, "state sync failed");
+                            if self.joining {
+                                // Jittered, so joiners refused together do
+                                // not come back together.
+                                let jitter = rand010::RngExt::random_range(&mut self.rng, 0.5..1.5);
+                                self.next_join_try =
+                                    Instant::now() + self.join_backoff.mul_f64(jitter);
+                                self.join_backoff =
+                                    (self.join_backoff * 2).min(MAX_JOIN_BACKOFF);
+                            }
                         }
                     }
                 }
                 Some(exchange) = inbound.recv() => {
-                    let state = self.state();
+                    let state = self.state(exchange.received.state.want_digests, false);
                     let answer = self.apply(exchange.received, &mut runtime).map(|()| state);
                     let _ = exchange.reply.send(answer);
                 }
@@ -237,22 +262,34 @@ impl Loop {
                 Ok(nack) => self.parts.lifeguard.nack(&nack),
                 Err(_) => add(&counters.malformed, 1),
             },
-            Kind::Suspect => match postcard::from_bytes::<wire::Suspect>(opened.body) {
-                Ok(suspect) if suspect.member == *self.parts.foca.identity() => {
-                    // Someone's probe of us failed: refute now rather than
-                    // when the suspicion reaches us by gossip.
-                    let update = Member::new(suspect.member, suspect.incarnation, State::Suspect);
-                    if let Err(error) =
-                        self.parts
-                            .foca
-                            .apply_many(std::iter::once(update), true, &mut *runtime)
-                    {
-                        tracing::debug!(%error, "refuting a suspicion");
+            Kind::Suspect | Kind::Holding => {
+                match postcard::from_bytes::<wire::Suspect>(opened.body) {
+                    Ok(suspect) if suspect.member == *self.parts.foca.identity() => {
+                        // Someone's probe of us failed: refute now rather
+                        // than when the suspicion reaches us by gossip.
+                        let update =
+                            Member::new(suspect.member, suspect.incarnation, State::Suspect);
+                        if let Err(error) =
+                            self.parts
+                                .foca
+                                .apply_many(std::iter::once(update), true, &mut *runtime)
+                        {
+                            tracing::debug!(%error, "refuting a suspicion");
+                        }
                     }
+                    Ok(suspect) if opened.kind == Kind::Holding => {
+                        let holders = self
+                            .holders
+                            .entry((suspect.member.addr, suspect.incarnation))
+                            .or_default();
+                        if holders.len() < MAX_HOLDERS && !holders.contains(&suspect.from) {
+                            holders.push(suspect.from);
+                        }
+                    }
+                    Ok(suspect) => self.parts.lifeguard.confirm(&suspect),
+                    Err(_) => add(&counters.malformed, 1),
                 }
-                Ok(suspect) => self.parts.lifeguard.confirm(&suspect),
-                Err(_) => add(&counters.malformed, 1),
-            },
+            }
             // State syncs travel over TCP only.
             Kind::Sync => add(&counters.malformed, 1),
         }
@@ -279,14 +316,20 @@ impl Loop {
         }
     }
 
-    /// This member's whole state, for a sync.
-    fn state(&self) -> sync::State {
+    /// This member's whole state, for a sync: with every digest when
+    /// `digests`; asking for the peer's when `want_digests`.
+    fn state(&self, digests: bool, want_digests: bool) -> sync::State {
         let mut members: Vec<Member<MemberId>> =
             self.parts.foca.iter_membership_state().cloned().collect();
         members.push(Member::alive(self.parts.foca.identity().clone()));
         sync::State {
             members,
-            digests: self.parts.digests.latest(),
+            digests: if digests {
+                self.parts.digests.latest()
+            } else {
+                Vec::new()
+            },
+            want_digests,
         }
     }
 
@@ -306,8 +349,11 @@ impl Loop {
             .iter_members()
             .map(|member| member.id().addr)
             .collect();
+        // A joiner asks its seeds first; after a failure, any member it has
+        // heard of will do, so a busy seed is not the only way in.
         let peer = peer.or_else(|| {
-            if self.joining && !self.parts.seeds.is_empty() {
+            let first_try = self.next_seed < self.parts.seeds.len();
+            if self.joining && (first_try || live.is_empty()) && !self.parts.seeds.is_empty() {
                 let seed = self.parts.seeds[self.next_seed % self.parts.seeds.len()];
                 self.next_seed += 1;
                 Some(seed)
@@ -316,7 +362,10 @@ impl Loop {
             }
         });
         let Some(peer) = peer else { return };
-        let sealed = match sync::seal(&self.parts.key, &self.state(), unix_now_ms()) {
+        // A joiner has little to give but wants every digest; a periodic
+        // sync mends membership only (digests are republished anyway).
+        let state = self.state(self.joining, self.joining);
+        let sealed = match sync::seal(&self.parts.key, &state, unix_now_ms()) {
             Ok(sealed) => sealed,
             Err(error) => {
                 tracing::warn!(%error, "cannot seal this member's state");
@@ -386,6 +435,7 @@ impl Loop {
                 self.parts.lifeguard.forget(suspicion.0, suspicion.1);
             }
         }
+        self.holders.retain(|key, _| held.contains(key));
         lock(&self.parts.digests.table).suspects(&names, std::time::Instant::now());
     }
 
@@ -412,6 +462,8 @@ impl Loop {
                 }
                 OwnedNotification::Rejoin(_) | OwnedNotification::Idle => {
                     self.joining = !self.parts.seeds.is_empty();
+                    self.join_backoff = super::SEED_RETRY;
+                    self.next_join_try = Instant::now();
                     self.notify(notification);
                     self.start_sync(None, pulled);
                 }
@@ -421,10 +473,22 @@ impl Loop {
         add_gauge(&self.parts.counters, self.parts.lifeguard.score());
         let now_ms = unix_now_ms();
         let members = self.parts.foca.num_members();
+        let mut holding = Vec::new();
         while let Some((after, timer)) = runtime.to_schedule() {
+            let new_suspicion = match &timer {
+                Timer::ChangeSuspectToDown {
+                    member_id,
+                    incarnation,
+                    ..
+                } if !self.parts.lifeguard.holds(member_id.addr, *incarnation) => {
+                    Some((member_id.clone(), *incarnation))
+                }
+                _ => None,
+            };
             let Some((timer, after)) = self.parts.lifeguard.schedule(timer, after, now_ms, members)
             else {
                 tracing::debug!(?after, "suspicion raised, held by Lifeguard");
+                holding.extend(new_suspicion);
                 continue;
             };
             let timers = timers.clone();
@@ -435,6 +499,9 @@ impl Loop {
         }
         while let Some((to, data)) = runtime.to_send() {
             self.send(to.addr, Kind::Swim, &data).await;
+        }
+        for (member, incarnation) in holding {
+            self.announce_holding(member, incarnation).await;
         }
         for member in failed {
             self.tell_suspicion(member).await;
@@ -449,8 +516,31 @@ impl Loop {
         }
     }
 
-    /// Lifeguard: tells every live member (the suspect too, so it can
-    /// refute) that our own probe of `member` failed.
+    /// Lifeguard: tells every live member that this member holds the
+    /// suspicion of `member`, so their own failed probes of it come here
+    /// (and the suspect, so it refutes at once). Once per suspicion.
+    async fn announce_holding(&mut self, member: MemberId, incarnation: foca::Incarnation) {
+        let holding = wire::Suspect {
+            from: self.parts.foca.identity().addr,
+            member,
+            incarnation,
+        };
+        let Ok(body) = postcard::to_allocvec(&holding) else {
+            return;
+        };
+        let targets: Vec<SocketAddr> = self
+            .parts
+            .foca
+            .iter_members()
+            .map(|known| known.id().addr)
+            .collect();
+        for to in targets {
+            self.send(to, Kind::Holding, &body).await;
+        }
+    }
+
+    /// Lifeguard: tells the members holding the suspicion of `member` (and
+    /// the suspect, so it can refute) that our own probe of it failed.
     async fn tell_suspicion(&mut self, member: MemberId) {
         if !self.parts.lifeguard.enabled() || member.site.is_empty() {
             return;
@@ -464,20 +554,19 @@ impl Loop {
         else {
             return;
         };
+        let own = self.parts.foca.identity().addr;
+        let mut targets = vec![member.addr];
+        if let Some(holders) = self.holders.get(&(member.addr, incarnation)) {
+            targets.extend(holders.iter().copied().filter(|holder| *holder != own));
+        }
         let suspect = wire::Suspect {
-            from: self.parts.foca.identity().addr,
+            from: own,
             member,
             incarnation,
         };
         let Ok(body) = postcard::to_allocvec(&suspect) else {
             return;
         };
-        let targets: Vec<SocketAddr> = self
-            .parts
-            .foca
-            .iter_members()
-            .map(|known| known.id().addr)
-            .collect();
         for to in targets {
             self.send(to, Kind::Suspect, &body).await;
         }
@@ -518,6 +607,17 @@ impl Loop {
             _ => return,
         };
         let _ = self.parts.events.send(event);
+    }
+}
+
+/// Sleeps until the Unix instant `due_ms`; for ever when there is none.
+async fn sleep_until_ms(due_ms: Option<u64>) {
+    match due_ms {
+        Some(due_ms) => {
+            let wait = due_ms.saturating_sub(unix_now_ms());
+            tokio::time::sleep(Duration::from_millis(wait)).await;
+        }
+        None => std::future::pending().await,
     }
 }
 

@@ -42,8 +42,12 @@ pub const INTERVAL: Duration = Duration::from_secs(30);
 pub struct State {
     /// Its whole membership, itself included, down members too.
     pub members: Vec<Member<MemberId>>,
-    /// Its newest broadcast of each site's digest, as spread (bytes).
+    /// Its newest broadcast of each site's digest, as spread (bytes): sent
+    /// when joining, and in answer to a joiner. Periodic syncs carry
+    /// membership only, since digests are republished anyway.
     pub digests: Vec<Vec<u8>>,
+    /// The sender is joining: answer with every digest too.
+    pub want_digests: bool,
 }
 
 /// Why an exchange failed.
@@ -241,15 +245,20 @@ pub async fn serve(listener: TcpListener, key: Arc<ClusterKey>, loop_tx: mpsc::S
 }
 
 /// How often to sync with a random peer among `members`: memberlist's
-/// interval, lengthened logarithmically past 32 members so a large
-/// federation's sync traffic grows slowly.
+/// interval, lengthened logarithmically past 32 members ([`scale`]) so a
+/// large federation's sync traffic grows slowly.
 pub fn interval(members: usize) -> Duration {
+    INTERVAL.mul_f64(scale(members))
+}
+
+/// memberlist's push/pull scale: 1 up to 32 members, then
+/// `⌈log2(members / 32)⌉ + 1`.
+pub fn scale(members: usize) -> f64 {
     const SCALE_THRESHOLD: f64 = 32.0;
     if members as f64 <= SCALE_THRESHOLD {
-        return INTERVAL;
+        return 1.0;
     }
-    let factor = ((members as f64).log2() - SCALE_THRESHOLD.log2()).ceil() + 1.0;
-    INTERVAL.mul_f64(factor)
+    ((members as f64).log2() - SCALE_THRESHOLD.log2()).ceil() + 1.0
 }
 
 #[cfg(test)]
@@ -272,6 +281,7 @@ mod tests {
         let state = State {
             members: vec![Member::alive(member.clone())],
             digests: vec![vec![1, 2, 3]],
+            want_digests: true,
         };
         let peer: SocketAddr = "127.0.0.1:1".parse().unwrap();
         let sealed = seal(&key, &state, 42).unwrap();
@@ -304,6 +314,8 @@ mod tests {
         assert_eq!(interval(33), INTERVAL * 2);
         assert_eq!(interval(64), INTERVAL * 2);
         assert_eq!(interval(200), INTERVAL * 4);
+        assert_eq!(scale(10), 1.0);
+        assert_eq!(scale(200), 4.0);
     }
 
     #[tokio::test]
@@ -335,6 +347,7 @@ mod tests {
                 .send(Ok(State {
                     members: Vec::new(),
                     digests: vec![vec![9]],
+                    want_digests: false,
                 }))
                 .unwrap();
         });

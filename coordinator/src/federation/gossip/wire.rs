@@ -34,6 +34,9 @@ pub enum Kind {
     Suspect = 2,
     /// A full state sync (over TCP).
     Sync = 3,
+    /// Lifeguard: the sender raised a suspicion and holds its timer, so
+    /// confirmations go to it.
+    Holding = 4,
 }
 
 impl Kind {
@@ -43,6 +46,7 @@ impl Kind {
             1 => Self::Nack,
             2 => Self::Suspect,
             3 => Self::Sync,
+            4 => Self::Holding,
             _ => return None,
         })
     }
