@@ -57,6 +57,11 @@ pub(super) struct Loop {
     /// is busy do not hammer it.
     next_join_try: Instant,
     join_backoff: Duration,
+    /// The wait before the next periodic sync while it is shorter than the
+    /// interval: 2 s after a join, doubling. Members that joined together
+    /// each got their seed's view of that moment; these early syncs with
+    /// random peers fill in who joined meanwhile.
+    ramp: Duration,
     next_sync: Instant,
     rng: rand010::rngs::StdRng,
     /// Tests cut a member off: every datagram in or out is dropped.
@@ -65,6 +70,9 @@ pub(super) struct Loop {
     /// confirmations go there rather than to everyone.
     holders: HashMap<(SocketAddr, foca::Incarnation), Vec<SocketAddr>>,
 }
+
+/// The first periodic sync after a join, doubling until the interval.
+const FIRST_RAMP: Duration = Duration::from_secs(2);
 
 /// Longest wait between two join syncs that failed.
 const MAX_JOIN_BACKOFF: Duration = Duration::from_secs(16);
@@ -85,6 +93,7 @@ impl Loop {
             next_seed: 0,
             next_join_try: Instant::now(),
             join_backoff: super::SEED_RETRY,
+            ramp: FIRST_RAMP,
             next_sync: Instant::now() + sync::INTERVAL,
             rng: rand010::make_rng(),
             cut: false,
@@ -152,16 +161,23 @@ impl Loop {
                     }
                 }
                 _ = tokio::time::sleep_until(self.next_sync) => {
-                    self.next_sync = Instant::now() + sync::interval(self.members + 1);
+                    let interval = sync::interval(self.members + 1);
+                    self.next_sync = Instant::now() + self.ramp.min(interval);
+                    self.ramp = (self.ramp * 2).min(interval);
                     self.start_sync(None, &pulled_tx);
                 }
                 Some(result) = pulled.recv() => {
                     self.syncing = false;
                     match result {
                         Ok(received) => {
+                            let joined = self.joining;
                             if self.apply(received, &mut runtime).is_ok() {
                                 self.joining = false;
                                 self.join_backoff = super::SEED_RETRY;
+                                if joined {
+                                    self.ramp = FIRST_RAMP;
+                                    self.next_sync = Instant::now() + FIRST_RAMP;
+                                }
                             }
                         }
                         Err(error) => {
@@ -349,11 +365,10 @@ impl Loop {
             .iter_members()
             .map(|member| member.id().addr)
             .collect();
-        // A joiner asks its seeds first; after a failure, any member it has
-        // heard of will do, so a busy seed is not the only way in.
+        // A joiner asks its seeds in turn (they know the most), backing off
+        // when they are busy.
         let peer = peer.or_else(|| {
-            let first_try = self.next_seed < self.parts.seeds.len();
-            if self.joining && (first_try || live.is_empty()) && !self.parts.seeds.is_empty() {
+            if self.joining && !self.parts.seeds.is_empty() {
                 let seed = self.parts.seeds[self.next_seed % self.parts.seeds.len()];
                 self.next_seed += 1;
                 Some(seed)

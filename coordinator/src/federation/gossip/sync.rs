@@ -32,8 +32,9 @@ pub const MAX_FRAME: usize = 4 * 1024 * 1024;
 const MAX_ITEMS: usize = 16_384;
 /// A whole exchange, connect to last byte.
 pub const EXCHANGE_TIMEOUT: Duration = Duration::from_secs(5);
-/// Inbound exchanges served at once; more are closed unanswered.
-const MAX_INBOUND: usize = 8;
+/// Inbound exchanges served at once; more are closed unanswered (the
+/// joiner backs off and comes back). Each takes milliseconds.
+const MAX_INBOUND: usize = 32;
 /// memberlist's push/pull interval, before scaling with membership.
 pub const INTERVAL: Duration = Duration::from_secs(30);
 
