@@ -437,6 +437,27 @@ mod tests {
         }
     }
 
+    /// Starts a, then b seeded by a; once they see each other, b publishes
+    /// its digest (version 7) and a has it.
+    async fn pair_with_b_published(
+        key: &Arc<ClusterKey>,
+        a: GossipConfig,
+        b: impl FnOnce(SocketAddr) -> GossipConfig,
+    ) -> (Gossip, Gossip) {
+        let a = Gossip::start(a, key.clone()).await.unwrap();
+        let b = Gossip::start(b(a.local_addr()), key.clone()).await.unwrap();
+        wait_until("a and b see each other", || {
+            a.table().is_alive("b") && b.table().is_alive("a")
+        })
+        .await;
+        b.publish(&digest("b", 7)).unwrap();
+        wait_until("a has b's digest", || {
+            a.table().peers().iter().any(|p| p.digest.version == 7)
+        })
+        .await;
+        (a, b)
+    }
+
     async fn wait_until(what: &str, mut done: impl FnMut() -> bool) {
         let start = Instant::now();
         while !done() {
@@ -448,21 +469,8 @@ mod tests {
     #[tokio::test]
     async fn members_find_each_other_spread_digests_and_drop_what_does_not_authenticate() {
         let key = key();
-        let a = Gossip::start(config("a", vec![]), key.clone())
-            .await
-            .unwrap();
-        let b = Gossip::start(config("b", vec![a.local_addr()]), key.clone())
-            .await
-            .unwrap();
-        wait_until("a and b see each other", || {
-            a.table().is_alive("b") && b.table().is_alive("a")
-        })
-        .await;
-        b.publish(&digest("b", 7)).unwrap();
-        wait_until("a has b's digest", || {
-            a.table().peers().iter().any(|p| p.digest.version == 7)
-        })
-        .await;
+        let (a, b) =
+            pair_with_b_published(&key, config("a", vec![]), |seed| config("b", vec![seed])).await;
 
         // Noise, a datagram sealed with another key, one over the size bound,
         // and a sealed one that is not gossip: none reaches foca's state.
@@ -498,19 +506,8 @@ mod tests {
         use crate::federation::identity::TrustRoot;
         let key = key();
         let root = TrustRoot::generate().unwrap();
-        let a = Gossip::start(signed(&root, "a", vec![]), key.clone())
-            .await
-            .unwrap();
-        let b = Gossip::start(signed(&root, "b", vec![a.local_addr()]), key.clone())
-            .await
-            .unwrap();
-        wait_until("a and b see each other", || {
-            a.table().is_alive("b") && b.table().is_alive("a")
-        })
-        .await;
-        b.publish(&digest("b", 7)).unwrap();
-        wait_until("a has b's signed digest", || {
-            a.table().peers().iter().any(|p| p.digest.version == 7)
+        let (a, _b) = pair_with_b_published(&key, signed(&root, "a", vec![]), |seed| {
+            signed(&root, "b", vec![seed])
         })
         .await;
         // Site c publishes unsigned, and through its handle a digest it
