@@ -341,14 +341,7 @@ async fn publish_digests(
 /// the network cost the placement engine charges a forward.
 async fn probe_peers(federation: Arc<Federation>, mut stop: watch::Receiver<bool>) {
     loop {
-        let targets: Vec<(String, String)> = federation
-            .gossip
-            .table()
-            .entries(Instant::now())
-            .into_iter()
-            .filter(|entry| entry.state == SiteState::Alive)
-            .filter_map(|entry| Some((entry.site, entry.api_url?)))
-            .collect();
+        let targets: Vec<(String, String)> = federation.gossip.table().live_apis(Instant::now());
         for (site, url) in targets {
             let started = Instant::now();
             let rtt = match federation

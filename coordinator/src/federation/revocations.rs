@@ -15,7 +15,6 @@ use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use starling_api::SiteState;
 use tokio::sync::watch;
 
 use super::Federation;
@@ -46,14 +45,7 @@ pub(super) async fn run(
         }
         let revocations = federation.trust.revocations();
         if !revocations.is_empty() {
-            let peers: Vec<(String, String)> = federation
-                .gossip
-                .table()
-                .entries(Instant::now())
-                .into_iter()
-                .filter(|entry| entry.state == SiteState::Alive)
-                .filter_map(|entry| Some((entry.site, entry.api_url?)))
-                .collect();
+            let peers: Vec<(String, String)> = federation.gossip.table().live_apis(Instant::now());
             for (peer, api_url) in peers {
                 for revocation in &revocations {
                     let key = (peer.clone(), revocation.site.clone(), revocation.revoked_ms);

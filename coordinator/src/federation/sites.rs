@@ -152,6 +152,15 @@ impl SiteTable {
         }
     }
 
+    /// Each live peer's name and REST base URL (those with a digest).
+    pub fn live_apis(&self, now: Instant) -> Vec<(String, String)> {
+        self.entries(now)
+            .into_iter()
+            .filter(|entry| entry.state == SiteState::Alive)
+            .filter_map(|entry| Some((entry.site, entry.api_url?)))
+            .collect()
+    }
+
     /// Whether `name` is alive now.
     pub fn is_alive(&self, name: &str) -> bool {
         self.sites
