@@ -11,7 +11,8 @@ use std::time::Instant;
 use indicatif::{ProgressBar, ProgressStyle};
 use starling_placement::sim::profiles::Fleet;
 use starling_placement::sim::{
-    self, ScaleConfig, SimConfig, SimError, SimProgress, SitesConfig, Stopwatch,
+    self, ScaleConfig, Scenario, ScenarioError, SimConfig, SimError, SimProgress, SitesConfig,
+    Stopwatch,
 };
 
 /// Arguments of `starling-coordinator sim`.
@@ -26,13 +27,35 @@ use starling_placement::sim::{
   starling-coordinator sim --sites 3 --out bench/        federation off against on: site 0 overflowing, two
                                                          peers lightly loaded; writes federation.md and .json
   starling-coordinator sim --sites 4 --overflow-load 2 --site-rtt-ms 50 --gossip-interval-ms 500
+  starling-coordinator sim --scenario placement/scenarios/pureedgesim-default.toml --out docs/bench
+                                                         a fleet and workload from a file, over its seeds
+  starling-coordinator sim --seeds 1,2,3,4,5 --out docs/bench   the built-in fleet over five seeds, with
+                                                         95% confidence intervals (writes standard.md, .json)
 
 The same seed gives the same table, except the decision-time column, which is
 measured with the wall clock.")]
 pub struct SimArgs {
-    /// Seed of every random stream (arrivals, mobility, failures, random policy).
-    #[arg(long, default_value_t = 42)]
-    pub seed: u64,
+    /// Seed of every random stream (arrivals, mobility, failures, random
+    /// policy) [default: 42, or a scenario file's seeds].
+    #[arg(long)]
+    pub seed: Option<u64>,
+    /// Run each of these seeds and report means with 95% confidence
+    /// intervals (a scenario file's `settings.seeds` when it has some and
+    /// neither --seed nor --seeds is given).
+    #[arg(long, value_delimiter = ',', value_name = "N,...")]
+    pub seeds: Vec<u64>,
+    /// A scenario file (TOML): device profiles, task types, load levels and
+    /// run settings, in place of the built-in fleet (see placement/scenarios/).
+    #[arg(long, value_name = "FILE")]
+    pub scenario: Option<PathBuf>,
+    /// With several seeds: the policy the latency and energy ratios are to
+    /// [default: static-optimisation when it runs, else the first policy].
+    #[arg(long, value_name = "NAME")]
+    pub baseline: Option<String>,
+    /// The pinned small size (2 seeds, shorter runs, fewer nodes) that the
+    /// placement crate's tests re-run and compare with docs/bench/pinned/.
+    #[arg(long)]
+    pub small: bool,
     /// Seconds of arrivals per load level.
     #[arg(long, value_name = "SECONDS")]
     pub duration: Option<f64>,
@@ -112,6 +135,22 @@ pub enum SimCommandError {
     /// A setting is not understood.
     #[error("{0}")]
     Usage(String),
+    /// A scenario file cannot be read.
+    #[error("cannot read scenario {path}: {source}")]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// The OS's words.
+        source: std::io::Error,
+    },
+    /// A scenario file is not a valid scenario.
+    #[error("{path}: {source}")]
+    Scenario {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong, with its line.
+        source: ScenarioError,
+    },
     /// A report file could not be written.
     #[error("cannot write {path}: {source}; pass --out with a writable directory")]
     Write {
@@ -174,12 +213,19 @@ pub fn run(args: &SimArgs) -> Result<(), SimCommandError> {
                 .to_owned(),
         ));
     }
+    if (args.sites > 0 || args.scale)
+        && (args.scenario.is_some() || !args.seeds.is_empty() || args.small)
+    {
+        return Err(SimCommandError::Usage(
+            "--scenario, --seeds and --small run the single-site tables; leave out --sites and --scale".to_owned(),
+        ));
+    }
     if args.sites > 0 && args.scale {
         return Err(SimCommandError::Usage(
             "--sites and --scale are separate runs; pass one of them".to_owned(),
         ));
     }
-    let files: Vec<(&str, String)> = if args.sites > 0 {
+    let files: Vec<(String, String)> = if args.sites > 0 {
         let defaults = SitesConfig::default();
         let mut config = SitesConfig {
             sites: args.sites,
@@ -192,7 +238,7 @@ pub fn run(args: &SimArgs) -> Result<(), SimCommandError> {
         };
         config.link.rtt_ms = args.site_rtt_ms.unwrap_or(config.link.rtt_ms);
         config.link.bandwidth_mbps = args.site_mbps.unwrap_or(config.link.bandwidth_mbps);
-        config.sim.seed = args.seed;
+        config.sim.seed = args.seed.unwrap_or(DEFAULT_SEED);
         config.sim.fleet = fleet;
         config.sim.models = models;
         apply_sim_flags(args, &mut config.sim);
@@ -200,12 +246,12 @@ pub fn run(args: &SimArgs) -> Result<(), SimCommandError> {
         bar.finish_and_clear();
         print_report(args.json, &report.to_markdown(), &report.to_json());
         vec![
-            ("federation.md", report.to_markdown()),
-            ("federation.json", report.to_json()),
+            ("federation.md".to_owned(), report.to_markdown()),
+            ("federation.json".to_owned(), report.to_json()),
         ]
     } else if args.scale {
         let mut config = ScaleConfig {
-            seed: args.seed,
+            seed: args.seed.unwrap_or(DEFAULT_SEED),
             node_counts: args.scale_nodes.clone(),
             pending: args.pending,
             models: models.clone(),
@@ -218,38 +264,131 @@ pub fn run(args: &SimArgs) -> Result<(), SimCommandError> {
         bar.finish_and_clear();
         print_report(args.json, &report.to_markdown(), &report.to_json());
         vec![
-            ("scale.md", report.to_markdown()),
-            ("scale.json", report.to_json()),
+            ("scale.md".to_owned(), report.to_markdown()),
+            ("scale.json".to_owned(), report.to_json()),
         ]
     } else {
-        let mut config = SimConfig {
-            seed: args.seed,
-            fleet,
-            models,
-            ..SimConfig::default()
-        };
-        apply_sim_flags(args, &mut config);
-        let report = sim::run(&config, &mut clock, &mut progress)?;
-        bar.finish_and_clear();
-        print_report(args.json, &report.to_markdown(), &report.to_json());
-        vec![
-            ("sim.md", report.to_markdown()),
-            ("sim.json", report.to_json()),
-            ("sim.svg", report.to_svg()?),
-        ]
+        single_site(args, fleet, models, &mut clock, &mut progress)?
     };
+    bar.finish_and_clear();
     if let Some(dir) = &args.out {
         std::fs::create_dir_all(dir).map_err(|source| SimCommandError::Write {
             path: dir.clone(),
             source,
         })?;
         for (name, content) in files {
-            let path = dir.join(name);
+            let path = dir.join(&name);
             std::fs::write(&path, content)
                 .map_err(|source| SimCommandError::Write { path, source })?;
         }
     }
     Ok(())
+}
+
+/// The seed when none is given.
+const DEFAULT_SEED: u64 = 42;
+
+/// Reads and parses a scenario file.
+fn read_scenario(path: &std::path::Path) -> Result<Scenario, SimCommandError> {
+    let text = std::fs::read_to_string(path).map_err(|source| SimCommandError::Read {
+        path: path.to_owned(),
+        source,
+    })?;
+    sim::scenario::parse(&text).map_err(|source| SimCommandError::Scenario {
+        path: path.to_owned(),
+        source,
+    })
+}
+
+/// The single-site tables: one seed as before, or several (a scenario's, or
+/// --seeds) with confidence intervals. Returns the files to write.
+fn single_site(
+    args: &SimArgs,
+    fleet: Fleet,
+    models: Vec<starling_placement::learned::ModelFile>,
+    clock: &mut WallClock,
+    progress: &mut dyn FnMut(SimProgress),
+) -> Result<Vec<(String, String)>, SimCommandError> {
+    let scenario = args.scenario.as_deref().map(read_scenario).transpose()?;
+    let mut config = match &scenario {
+        Some(scenario) => SimConfig::from_scenario(scenario),
+        None => SimConfig {
+            fleet,
+            ..SimConfig::default()
+        },
+    };
+    config.models = models;
+    if let Some(seed) = args.seed {
+        config.seed = seed;
+    } else if scenario.is_none() {
+        config.seed = DEFAULT_SEED;
+    }
+    apply_sim_flags(args, &mut config);
+    if let (Some(scenario), Some(nodes)) = (config.scenario.as_mut(), args.nodes_per_profile) {
+        for device in &mut scenario.devices {
+            if device.count > 0 {
+                device.count = nodes;
+            }
+        }
+    }
+    let file_seeds = scenario
+        .as_ref()
+        .map(|scenario| scenario.settings.seeds.clone())
+        .unwrap_or_default();
+    let mut seeds = if !args.seeds.is_empty() {
+        args.seeds.clone()
+    } else if args.seed.is_none() && (!file_seeds.is_empty() || args.small) {
+        if file_seeds.is_empty() {
+            // The standard file's reported seeds.
+            sim::scenario::shipped("standard")
+                .map_err(SimError::from)?
+                .settings
+                .seeds
+        } else {
+            file_seeds
+        }
+    } else {
+        Vec::new()
+    };
+    if args.small {
+        config = sim::pinned(&config);
+        seeds.truncate(sim::PINNED_SEEDS);
+    }
+    let tuning = match &scenario {
+        Some(scenario) => scenario.settings.tuning_seeds.clone(),
+        None => {
+            fleet
+                .scenario()
+                .map_err(SimError::from)?
+                .settings
+                .tuning_seeds
+        }
+    };
+    if let Some(seed) = seeds.iter().find(|seed| tuning.contains(seed)) {
+        return Err(SimCommandError::Usage(format!(
+            "--seeds {seed}: a tuning seed of this scenario; tables report other seeds"
+        )));
+    }
+    if seeds.is_empty() {
+        let report = sim::run(&config, clock, progress)?;
+        print_report(args.json, &report.to_markdown(), &report.to_json());
+        return Ok(vec![
+            ("sim.md".to_owned(), report.to_markdown()),
+            ("sim.json".to_owned(), report.to_json()),
+            ("sim.svg".to_owned(), report.to_svg()?),
+        ]);
+    }
+    let baseline = args
+        .baseline
+        .clone()
+        .unwrap_or_else(|| "static-optimisation".to_owned());
+    let report = sim::run_seeds(&config, &seeds, &baseline, clock, progress)?;
+    let markdown = report.to_markdown(true);
+    print_report(args.json, &markdown, &report.to_json());
+    Ok(vec![
+        (format!("{}.md", report.scenario), markdown),
+        (format!("{}.json", report.scenario), report.to_json()),
+    ])
 }
 
 /// The flags a single-site run and each site of a multi-site run share.
@@ -273,5 +412,29 @@ fn print_report(json: bool, markdown: &str, json_text: &str) {
         println!("{json_text}");
     } else {
         println!("{markdown}");
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_bad_scenario_file_is_named_with_its_field_and_line() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("fleet.toml");
+        std::fs::write(
+            &path,
+            "name = \"x\"\n\n[[device]]\nname = \"pi\"\ncount = \"many\"\n",
+        )
+        .unwrap();
+        let error = read_scenario(&path).unwrap_err().to_string();
+        assert!(
+            error.contains("fleet.toml") && error.contains("line 5") && error.contains("count"),
+            "{error}"
+        );
+        let missing = read_scenario(&dir.path().join("absent.toml")).unwrap_err();
+        assert!(matches!(missing, SimCommandError::Read { .. }), "{missing}");
     }
 }

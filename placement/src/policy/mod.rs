@@ -9,6 +9,7 @@
 
 mod baselines;
 mod heuristic;
+mod published;
 
 use serde::{Deserialize, Serialize};
 
@@ -22,6 +23,9 @@ pub use baselines::{
 };
 pub(crate) use heuristic::{order, Index};
 pub use heuristic::{HeuristicPolicy, HeuristicTuning, SearchMode};
+pub use published::{
+    EdgeCloudSimDefaultPolicy, PureEdgeSimRoundRobinPolicy, PureEdgeSimTradeOffPolicy,
+};
 
 /// A placement strategy.
 pub trait Policy: Send {
@@ -165,6 +169,9 @@ pub const POLICY_NAMES: &[&str] = &[
     "static-optimisation",
     "hirl",
     "ddqn",
+    "pureedgesim-round-robin",
+    "pureedgesim-trade-off",
+    "edgecloudsim-default",
 ];
 
 /// A policy name that is not in [`POLICY_NAMES`].
@@ -236,6 +243,10 @@ pub fn policy_with_tuning(
         "kubernetes" | "k8s" => Box::new(KubernetesPolicy),
         "earliest-finish" | "eft" => Box::new(EarliestFinishPolicy),
         "static-optimisation" | "static" => Box::new(StaticOptimisationPolicy),
+        "pureedgesim-round-robin" => Box::new(PureEdgeSimRoundRobinPolicy::default()),
+        "pureedgesim-trade-off" => Box::new(PureEdgeSimTradeOffPolicy::default()),
+        // Without a scenario no task has a cloud probability.
+        "edgecloudsim-default" => Box::new(EdgeCloudSimDefaultPolicy::new(seed, 0.0)),
         _ => {
             return Err(UnknownPolicy {
                 name: name.to_owned(),
@@ -245,6 +256,24 @@ pub fn policy_with_tuning(
         }
     };
     Ok(policy)
+}
+
+/// Like [`policy_with_tuning`], for a run of `scenario`: EdgeCloudSim's
+/// default policy takes the scenario's cloud probability.
+pub fn for_scenario(
+    name: &str,
+    seed: u64,
+    tuning: &HeuristicTuning,
+    models: &[ModelFile],
+    scenario: &crate::sim::Scenario,
+) -> Result<Box<dyn Policy>, PolicyError> {
+    if name.trim().eq_ignore_ascii_case("edgecloudsim-default") {
+        return Ok(Box::new(EdgeCloudSimDefaultPolicy::new(
+            seed,
+            scenario.mean_cloud_probability(),
+        )));
+    }
+    policy_with_tuning(name, seed, tuning, models)
 }
 
 /// One node and power level evaluated for a task.

@@ -178,6 +178,26 @@ impl<'a> Engine<'a> {
         self.env.tasks.get(index)
     }
 
+    /// Whether a task counts in the row (it arrived after the warm-up).
+    fn counted(&self, index: usize) -> bool {
+        self.task(index).is_some_and(|task| self.env.counted(task))
+    }
+
+    /// Charges energy to a task, and to the row when the task counts.
+    fn charge(&mut self, task: usize, joules: f64) {
+        if self.counted(task) {
+            self.energy_joules += joules;
+        }
+        if let Some(spent) = self.task_energy.get_mut(task) {
+            *spent += joules;
+        }
+    }
+
+    /// Joules a node's link spends moving `bytes`.
+    fn network_joules(&self, node: usize, bytes: u64) -> f64 {
+        self.env.joules_per_byte.get(node).copied().unwrap_or(0.0) * bytes as f64
+    }
+
     fn schedule_round(&mut self, site: usize, at_ms: f64) {
         if let Some(scheduled) = self.round_scheduled.get_mut(site) {
             if !*scheduled {
@@ -414,7 +434,9 @@ impl<'a> Engine<'a> {
                 .and_then(|task| task.deadline_ms)
                 .is_some_and(|deadline| (deadline as f64) < now);
             if expired {
-                self.row.dropped += 1;
+                if self.counted(index) {
+                    self.row.dropped += 1;
+                }
                 self.tell(index, Fate::Lost, 0.0);
             } else {
                 kept.push(index);
@@ -461,11 +483,13 @@ impl<'a> Engine<'a> {
         if let Some(view) = self.view.nodes.get_mut(node) {
             view.load = load;
         }
+        let transfer_joules = self.network_joules(node, task.input_bytes);
         let Some(state) = self.nodes.get_mut(node) else {
             return false;
         };
         state.placed.push(placed);
         let epoch = state.epoch;
+        self.charge(task_index, transfer_joules);
         self.schedule(
             self.now_ms + transfer_s * 1000.0,
             Event::InputArrived {
@@ -555,10 +579,10 @@ impl<'a> Engine<'a> {
             state.free_lanes += placed.lanes;
         }
         let energy = self.energy_of(node, &placed, 1.0);
-        self.energy_joules += energy;
-        if let Some(spent) = self.task_energy.get_mut(task) {
-            *spent += energy;
-        }
+        let output_joules = self.task(task).map_or(0.0, |pending| {
+            self.network_joules(node, pending.output_bytes)
+        });
+        self.charge(task, energy + output_joules);
         let output_s = match (self.view.nodes.get(node), self.task(task)) {
             (Some(view), Some(pending)) => {
                 let mut view = view.clone();
@@ -606,17 +630,19 @@ impl<'a> Engine<'a> {
             if let Some(started) = placed.started_ms {
                 let fraction = ((now - started) / 1000.0 / placed.run_s.max(1e-9)).clamp(0.0, 1.0);
                 let energy = self.energy_of(node, &placed, fraction);
-                self.energy_joules += energy;
-                if let Some(spent) = self.task_energy.get_mut(placed.task) {
-                    *spent += energy;
-                }
+                self.charge(placed.task, energy);
             }
-            self.row.failed_attempts += 1;
+            let counted = self.counted(placed.task);
+            if counted {
+                self.row.failed_attempts += 1;
+            }
             self.tell(placed.task, Fate::AttemptLost, 0.0);
             if let Some(attempts) = self.attempts.get_mut(placed.task) {
                 *attempts += 1;
                 if *attempts >= self.config.max_attempts {
-                    self.row.failed += 1;
+                    if counted {
+                        self.row.failed += 1;
+                    }
                     self.tell(placed.task, Fate::Lost, 0.0);
                     continue;
                 }
@@ -637,13 +663,13 @@ impl<'a> Engine<'a> {
             return;
         };
         let latency = self.now_ms - pending.submitted_ms as f64;
-        self.latencies_ms.push(latency);
-        self.row.completed += 1;
         let on_time = pending
             .deadline_ms
             .is_none_or(|deadline| self.now_ms <= deadline as f64);
-        if on_time {
-            self.row.on_time += 1;
+        if self.env.counted(pending) {
+            self.latencies_ms.push(latency);
+            self.row.completed += 1;
+            self.row.on_time += u64::from(on_time);
         }
         let fate = if on_time { Fate::OnTime } else { Fate::Late };
         if let Some(tally) = self
@@ -750,7 +776,7 @@ pub(crate) fn simulate_sites(
         round_scheduled: vec![false; site_count],
         row: PolicyRow {
             policy: name,
-            tasks: env.tasks.len() as u64,
+            tasks: env.tasks.iter().filter(|task| env.counted(task)).count() as u64,
             ..PolicyRow::default()
         },
         latencies_ms: Vec::with_capacity(env.tasks.len()),

@@ -12,7 +12,9 @@ mod engine;
 pub mod profiles;
 mod report;
 mod scale;
+pub mod scenario;
 mod sites;
+mod stats;
 mod workload;
 
 use serde::{Deserialize, Serialize};
@@ -22,7 +24,9 @@ use crate::policy::PolicyError;
 
 pub use report::{LoadReport, PolicyRow, SimReport};
 pub use scale::{scale, ScaleConfig, ScaleReport, ScaleRow};
+pub use scenario::{Scenario, ScenarioError};
 pub use sites::{run_sites, SiteTally, SitesConfig, SitesReport, SitesRow};
+pub use stats::{pinned, run_seeds, Interval, SeedsReport, SeedsRow, PINNED_SEEDS};
 pub use workload::normal;
 
 /// A source of elapsed time, injected by the caller.
@@ -134,6 +138,13 @@ pub struct SimConfig {
     pub max_attempts: u32,
     /// The heuristic's knobs.
     pub heuristic: crate::policy::HeuristicTuning,
+    /// Seconds at the start whose arrivals run but are not counted.
+    #[serde(default)]
+    pub warm_up_s: f64,
+    /// A scenario file's fleet, tasks and loads, in place of `fleet`,
+    /// `nodes_per_profile` and `task_mix`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scenario: Option<Box<Scenario>>,
     /// Models for the learned policies, replacing the shipped ones (not written
     /// into reports: the training record in each model says where it came from).
     #[serde(skip)]
@@ -160,6 +171,8 @@ impl Default for SimConfig {
             task_mix: TaskMix::default(),
             max_attempts: 3,
             heuristic: crate::policy::HeuristicTuning::default(),
+            warm_up_s: 0.0,
+            scenario: None,
             models: Vec::new(),
         }
     }
@@ -190,6 +203,9 @@ pub enum SimError {
     /// The plot could not be drawn.
     #[error("could not draw the plot: {0}")]
     Plot(String),
+    /// A scenario (a file, or a shipped one) is unusable.
+    #[error(transparent)]
+    Scenario(#[from] ScenarioError),
 }
 
 impl SimConfig {
@@ -239,7 +255,60 @@ impl SimConfig {
         if self.max_attempts == 0 {
             return invalid("max_attempts must be at least 1");
         }
+        if !(self.warm_up_s.is_finite()
+            && self.warm_up_s >= 0.0
+            && self.warm_up_s < self.duration_s)
+        {
+            return invalid("warm_up_s must be non-negative and shorter than duration_s");
+        }
         Ok(())
+    }
+
+    /// The settings a scenario file gives, over the defaults; its loads as
+    /// load levels (a load given in users is shown with the utilisation it
+    /// offers); the scenario itself replaces the built-in fleet.
+    pub fn from_scenario(scenario: &Scenario) -> SimConfig {
+        let defaults = SimConfig::default();
+        let settings = &scenario.settings;
+        let loads = scenario
+            .loads
+            .iter()
+            .map(|load| LoadLevel {
+                name: load.name.clone(),
+                utilisation: match (load.utilisation, load.users) {
+                    (Some(utilisation), _) => utilisation,
+                    (None, Some(users)) => workload::offered_utilisation(scenario, users),
+                    (None, None) => 0.0,
+                },
+            })
+            .collect::<Vec<_>>();
+        SimConfig {
+            seed: settings.seeds.first().copied().unwrap_or(defaults.seed),
+            duration_s: settings.duration_s.unwrap_or(defaults.duration_s),
+            warm_up_s: settings.warm_up_s.unwrap_or(0.0),
+            drain_s: settings.drain_s.unwrap_or(defaults.drain_s),
+            failure_rate_per_hour: settings
+                .failure_rate_per_hour
+                .unwrap_or(defaults.failure_rate_per_hour),
+            repair_s: settings.repair_s.unwrap_or(defaults.repair_s),
+            round_ms: settings.round_ms.unwrap_or(defaults.round_ms),
+            mobility_period_s: settings
+                .mobility_period_s
+                .unwrap_or(defaults.mobility_period_s),
+            max_attempts: settings.max_attempts.unwrap_or(defaults.max_attempts),
+            loads: if loads.is_empty() {
+                defaults.loads.clone()
+            } else {
+                loads
+            },
+            policies: if settings.policies.is_empty() {
+                defaults.policies.clone()
+            } else {
+                settings.policies.clone()
+            },
+            scenario: Some(Box::new(scenario.clone())),
+            ..defaults
+        }
     }
 }
 
@@ -251,21 +320,29 @@ pub fn run(
 ) -> Result<SimReport, SimError> {
     config.validate()?;
     // Check every name before the first (long) run.
+    let scenario = workload::scenario_of(config)?;
     for name in &config.policies {
-        crate::policy::policy_with_tuning(name, config.seed, &config.heuristic, &config.models)?;
+        crate::policy::for_scenario(
+            name,
+            config.seed,
+            &config.heuristic,
+            &config.models,
+            &scenario,
+        )?;
     }
     let total_runs = config.loads.len() * config.policies.len();
     let mut finished_runs = 0;
     let mut loads = Vec::with_capacity(config.loads.len());
     for (load_index, load) in config.loads.iter().enumerate() {
-        let environment = workload::Environment::generate(config, load_index, load);
+        let environment = workload::Environment::generate(config, load_index, load)?;
         let mut rows = Vec::with_capacity(config.policies.len());
         for name in &config.policies {
-            let mut policy = crate::policy::policy_with_tuning(
+            let mut policy = crate::policy::for_scenario(
                 name,
                 config.seed,
                 &config.heuristic,
                 &config.models,
+                &scenario,
             )?;
             let row = engine::simulate(
                 config,
@@ -286,7 +363,11 @@ pub fn run(
         loads.push(LoadReport {
             load: load.clone(),
             arrival_rate_per_s: environment.arrival_rate_per_s,
-            tasks: environment.tasks.len(),
+            tasks: environment
+                .tasks
+                .iter()
+                .filter(|task| environment.counted(task))
+                .count(),
             rows,
         });
     }
@@ -309,7 +390,7 @@ pub fn episode(
     observer: &mut dyn FnMut(crate::learned::TaskOutcome),
 ) -> Result<PolicyRow, SimError> {
     config.validate()?;
-    let environment = workload::Environment::generate(config, 0, load);
+    let environment = workload::Environment::generate(config, 0, load)?;
     Ok(engine::simulate(
         config,
         &environment,

@@ -172,7 +172,7 @@ pub fn scale(
             name: "scale".to_owned(),
             utilisation: 5.0,
         },
-    );
+    )?;
     let total_runs = config.node_counts.len() * config.policies.len();
     let mut finished_runs = 0;
     let mut rows = Vec::new();

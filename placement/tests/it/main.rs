@@ -4,3 +4,4 @@
 
 mod properties;
 mod purity;
+mod scenarios;

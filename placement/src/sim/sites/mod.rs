@@ -119,7 +119,7 @@ struct World {
     arrival_rate_per_site: Vec<f64>,
 }
 
-fn world(config: &SitesConfig) -> World {
+fn world(config: &SitesConfig) -> Result<World, SimError> {
     let mut joined: Option<Environment> = None;
     let mut layout = Layout {
         sites: Vec::with_capacity(config.sites),
@@ -129,7 +129,7 @@ fn world(config: &SitesConfig) -> World {
     let mut arrival_rate_per_site = Vec::with_capacity(config.sites);
     for site in 0..config.sites {
         let mut env =
-            Environment::generate(&config.sim, SITE_STREAM_OFFSET + site, &config.load(site));
+            Environment::generate(&config.sim, SITE_STREAM_OFFSET + site, &config.load(site))?;
         tasks_per_site.push(env.tasks.len() as u64);
         arrival_rate_per_site.push(env.arrival_rate_per_s);
         for node in &mut env.nodes {
@@ -171,12 +171,16 @@ fn world(config: &SitesConfig) -> World {
         }
         all.arrival_rate_per_s += env.arrival_rate_per_s;
     }
-    World {
-        env: joined.unwrap_or_else(|| Environment::generate(&config.sim, 0, &config.load(0))),
+    let env = match joined {
+        Some(env) => env,
+        None => Environment::generate(&config.sim, 0, &config.load(0))?,
+    };
+    Ok(World {
+        env,
         layout,
         tasks_per_site,
         arrival_rate_per_site,
-    }
+    })
 }
 
 /// A boxed policy as the engine takes it: the coercion happens here, one
@@ -198,7 +202,7 @@ pub fn run_sites(
     for name in &sim.policies {
         policy_with_tuning(name, sim.seed, &sim.heuristic, &sim.models)?;
     }
-    let world = world(config);
+    let world = world(config)?;
     let total_runs = sim.policies.len() * 2;
     let mut rows = Vec::with_capacity(total_runs);
     for name in &sim.policies {
@@ -327,7 +331,7 @@ mod tests {
     #[test]
     fn with_federation_every_arrival_ends_exactly_once() {
         let config = small();
-        let world = world(&config);
+        let world = world(&config).unwrap();
         let tasks = world.env.tasks.len();
         assert_eq!(
             world.tasks_per_site.iter().sum::<u64>(),
