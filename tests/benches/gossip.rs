@@ -827,9 +827,15 @@ fn summary(samples: &[Option<Duration>]) -> String {
 }
 
 /// The gossip member's binary, when the coordinator has the subcommand.
+/// `STARLING_GOSSIP_PROGRAM` names another build of it (an optimised one:
+/// the dev build's members need several times the CPU).
 fn starling_program() -> Result<PathBuf, String> {
-    let program = std::panic::catch_unwind(|| starling_tests::binary("starling-coordinator"))
-        .map_err(|_| "the workspace did not build".to_string())?;
+    let program = match std::env::var_os("STARLING_GOSSIP_PROGRAM") {
+        Some(program) => PathBuf::from(program),
+        None => std::panic::catch_unwind(|| starling_tests::binary("starling-coordinator"))
+            .map_err(|_| "the workspace did not build".to_string())?,
+    };
+    eprintln!("gossip: Starling's members run {}", program.display());
     let help = Command::new(&program)
         .args(["gossip-member", "--help"])
         .output()
