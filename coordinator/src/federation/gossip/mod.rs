@@ -84,6 +84,12 @@ pub enum GossipEvent {
         /// The site.
         site: String,
     },
+    /// A site is suspected: a probe of it failed, and it has not refuted
+    /// yet (a transient state; a healthy site suspected is a near miss).
+    Suspect {
+        /// The site.
+        site: String,
+    },
     /// A site was declared down (or left).
     Down {
         /// The site.

@@ -438,7 +438,11 @@ impl Loop {
             .map(|m| (m.id().addr, m.incarnation()))
             .collect();
         self.parts.lifeguard.retain(&held);
-        lock(&self.parts.digests.table).suspects(&names, std::time::Instant::now());
+        let newly = lock(&self.parts.digests.table).suspects(&names, std::time::Instant::now());
+        for site in newly {
+            tracing::info!(%site, "site suspected");
+            let _ = self.parts.events.send(GossipEvent::Suspect { site });
+        }
     }
 
     /// Carries out what foca asked for.
