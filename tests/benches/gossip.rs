@@ -418,11 +418,15 @@ impl<'f> Cluster<'f> {
                     .args(["tags", SERF_RPC, "-set", &format!("version={round}")])
                     .output()
                     .unwrap();
-                assert!(
-                    out.status.success(),
-                    "serf tags: {}",
-                    String::from_utf8_lossy(&out.stderr)
-                );
+                // An agent too busy to answer its RPC (200 of them on two
+                // cores) is a sample that timed out, not the end of the run.
+                if !out.status.success() {
+                    eprintln!(
+                        "gossip:   Serf digest: `serf tags` failed: {}",
+                        String::from_utf8_lossy(&out.stderr).trim()
+                    );
+                    return None;
+                }
                 let returned = Instant::now();
                 let reached = self.wait_for(Duration::from_secs(30), |c| {
                     let applied = c.first(0, asked, |e| *e == Event::Published(0))?;
