@@ -111,22 +111,28 @@ impl SiteTable {
         self.set_state(name, SiteState::Down, now)
     }
 
-    /// Marks which active sites are suspected now (the rest of the active ones are alive).
-    pub fn suspects(&mut self, suspected: &[String], now: Instant) {
+    /// Marks which active sites are suspected now (the rest of the active
+    /// ones are alive); the sites suspected that were not before.
+    pub fn suspects(&mut self, suspected: &[String], now: Instant) -> Vec<String> {
         let names: Vec<String> = self
             .sites
             .iter()
             .filter(|(_, site)| matches!(site.state, SiteState::Alive | SiteState::Suspect))
             .map(|(name, _)| name.clone())
             .collect();
+        let mut newly = Vec::new();
         for name in names {
-            let state = if suspected.contains(&name) {
+            let suspect = suspected.contains(&name);
+            let state = if suspect {
                 SiteState::Suspect
             } else {
                 SiteState::Alive
             };
-            self.set_state(&name, state, now);
+            if self.set_state(&name, state, now) && suspect {
+                newly.push(name);
+            }
         }
+        newly
     }
 
     /// Keeps `digest` if it is newer than what the table holds for its site;
@@ -249,9 +255,10 @@ mod tests {
         assert!(table.up("b", "10.0.0.2:7946".parse().unwrap(), now));
         assert!(!table.up("b", "10.0.0.2:7946".parse().unwrap(), now));
         assert_eq!(table.peers().len(), 1);
-        table.suspects(&["b".to_string()], now);
+        assert_eq!(table.suspects(&["b".to_string()], now), vec!["b"]);
+        assert_eq!(table.suspects(&["b".to_string()], now), Vec::<String>::new());
         assert!(table.peers().is_empty(), "a suspect gets no new work");
-        table.suspects(&[], now);
+        assert_eq!(table.suspects(&[], now), Vec::<String>::new());
         assert_eq!(table.peers()[0].digest.version, 5);
         assert!(table.down("b", now));
         assert!(table.peers().is_empty());

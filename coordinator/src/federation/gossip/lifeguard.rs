@@ -19,6 +19,12 @@
 //!   In foca only the member that raised a suspicion declares the suspect
 //!   down; it announces that it holds it (`wire::Kind::Holding`, once per
 //!   suspicion) so that confirmations go to it and to the suspect alone.
+//!   Members raise suspicions of one member at nearly the same moment, so
+//!   no confirmation is lost to that race: a holder's announcement counts
+//!   as its confirmation (its own probe failed), and a member whose probe
+//!   failed before a holder announced itself confirms to it on hearing it.
+//!   Together this does what memberlist's gossiped suspicions do, where
+//!   every member hears every other's failed probe.
 //!
 //! No I/O and no clock: instants are handed in, and what to do comes back.
 
@@ -43,6 +49,9 @@ const CONFIRMATIONS: u32 = 2;
 /// of the probe timeout, so the nack reaches the requester well inside its
 /// round (which ends a probe timeout after the relay was asked).
 const NACK_SHARE: f64 = 0.5;
+/// Most holders remembered for one suspicion: enough to confirm to, and a
+/// bound on what a flood of announcements can make a member keep.
+const MAX_HOLDERS: usize = 8;
 
 /// What the loop must do.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -117,6 +126,11 @@ pub struct Lifeguard {
     probes: HashMap<ProbeNumber, Probe>,
     relays: Vec<Relay>,
     suspicions: HashMap<(SocketAddr, Incarnation), Suspicion>,
+    /// Who announced holding each suspicion (their own probes failed).
+    holders: HashMap<(SocketAddr, Incarnation), Vec<SocketAddr>>,
+    /// Suspects whose probe of ours failed, so a holder announced later
+    /// still gets our confirmation.
+    failed: HashSet<(SocketAddr, Incarnation)>,
     incarnation: Option<Incarnation>,
     /// Suspicions that ran to their end (the member declared down).
     pub expired: u64,
@@ -133,6 +147,8 @@ impl Lifeguard {
             probes: HashMap::new(),
             relays: Vec::new(),
             suspicions: HashMap::new(),
+            holders: HashMap::new(),
+            failed: HashSet::new(),
             incarnation: None,
             expired: 0,
         }
@@ -248,16 +264,52 @@ impl Lifeguard {
         self.change_score(i64::try_from(missed).unwrap_or(i64::MAX));
     }
 
-    /// Another member's independent suspicion of a member.
-    pub fn confirm(&mut self, suspect: &Suspect) {
-        if let Some(suspicion) = self
-            .suspicions
-            .get_mut(&(suspect.member.addr, suspect.incarnation))
-        {
-            if suspect.from != suspect.member.addr && suspect.from != self.own {
-                suspicion.confirmed_by.insert(suspect.from);
+    /// Another member's independent suspicion of a member, from the
+    /// datagram's source `by` (counted once per source, whatever the message
+    /// names as its sender).
+    pub fn confirm(&mut self, suspect: &Suspect, by: SocketAddr) {
+        let key = (suspect.member.addr, suspect.incarnation);
+        if let Some(suspicion) = self.suspicions.get_mut(&key) {
+            if by != suspect.member.addr && by != self.own {
+                suspicion.confirmed_by.insert(by);
             }
         }
+    }
+
+    /// `holding` says its sender (at `by`) holds a suspicion: its own probe
+    /// failed, which confirms ours if we hold one too. Whether our own probe
+    /// of that member failed already, so the loop tells this new holder.
+    pub fn holding(&mut self, holding: &Suspect, by: SocketAddr) -> bool {
+        if !self.enabled || by == self.own {
+            return false;
+        }
+        self.confirm(holding, by);
+        let key = (holding.member.addr, holding.incarnation);
+        let holders = self.holders.entry(key).or_default();
+        if holders.len() >= MAX_HOLDERS || holders.contains(&holding.from) {
+            return false;
+        }
+        holders.push(holding.from);
+        self.failed.contains(&key)
+    }
+
+    /// Our own probe of `member` at `incarnation` failed: where to say so
+    /// (the holders known now; later ones are told by [`Lifeguard::holding`]).
+    pub fn own_probe_failed_of(
+        &mut self,
+        member: SocketAddr,
+        incarnation: Incarnation,
+    ) -> Vec<SocketAddr> {
+        if !self.enabled {
+            return Vec::new();
+        }
+        let key = (member, incarnation);
+        self.failed.insert(key);
+        let own = self.own;
+        self.holders
+            .get(&key)
+            .map(|holders| holders.iter().copied().filter(|h| *h != own).collect())
+            .unwrap_or_default()
     }
 
     /// foca asks for `timer` after `after`, at `now_ms`, in a cluster of
@@ -292,12 +344,26 @@ impl Lifeguard {
                 // foca asks again at each failed probe of a member it
                 // already suspects: the suspicion's clock runs from the first.
                 let key = (member_id.addr, *incarnation);
+                // Holders announced before we raised ours each probed and
+                // failed on their own.
+                let own = self.own;
+                let confirmed_by = self
+                    .holders
+                    .get(&key)
+                    .map(|holders| {
+                        holders
+                            .iter()
+                            .copied()
+                            .filter(|h| *h != own && *h != key.0)
+                            .collect()
+                    })
+                    .unwrap_or_default();
                 self.suspicions.entry(key).or_insert(Suspicion {
                     started_ms: now_ms,
                     min: after,
                     max: after.saturating_mul(MAX_TIMEOUT_FACTOR),
                     wanted,
-                    confirmed_by: HashSet::new(),
+                    confirmed_by,
                     timer,
                 });
                 None
@@ -346,20 +412,17 @@ impl Lifeguard {
         actions
     }
 
-    /// Forgets a suspicion that ended otherwise (refuted, or the member
-    /// declared down by someone else).
-    pub fn forget(&mut self, member: SocketAddr, incarnation: Incarnation) {
-        self.suspicions.remove(&(member, incarnation));
+    /// Keeps only what concerns the suspicions foca has now (`suspected`):
+    /// the rest ended, refuted or declared down.
+    pub fn retain(&mut self, suspected: &[(SocketAddr, Incarnation)]) {
+        self.suspicions.retain(|key, _| suspected.contains(key));
+        self.holders.retain(|key, _| suspected.contains(key));
+        self.failed.retain(|key| suspected.contains(key));
     }
 
     /// Whether a suspicion of `member` at `incarnation` is held here.
     pub fn holds(&self, member: SocketAddr, incarnation: Incarnation) -> bool {
         self.suspicions.contains_key(&(member, incarnation))
-    }
-
-    /// Suspicions held now, as (member, incarnation).
-    pub fn suspicions(&self) -> Vec<(SocketAddr, Incarnation)> {
-        self.suspicions.keys().copied().collect()
     }
 }
 
@@ -545,22 +608,24 @@ mod tests {
             incarnation,
         };
         // One confirmation: 24 − 20 × ln 2 / ln 3 = 11.38 s.
-        guard.confirm(&suspect(3, 3));
-        // The same member again, the suspect itself, ourselves, or another
-        // incarnation: not independent confirmations.
-        guard.confirm(&suspect(3, 3));
-        guard.confirm(&suspect(2, 3));
-        guard.confirm(&suspect(1, 3));
-        guard.confirm(&suspect(4, 2));
+        guard.confirm(&suspect(3, 3), id(3).addr);
+        // The same member again (whatever it names as the sender), the
+        // suspect itself, ourselves, or another incarnation: not independent
+        // confirmations.
+        guard.confirm(&suspect(3, 3), id(3).addr);
+        guard.confirm(&suspect(5, 3), id(3).addr);
+        guard.confirm(&suspect(2, 3), id(2).addr);
+        guard.confirm(&suspect(1, 3), id(1).addr);
+        guard.confirm(&suspect(4, 2), id(4).addr);
         assert_eq!(guard.poll(10_000 + 11_380), vec![]);
-        guard.confirm(&suspect(4, 3));
+        guard.confirm(&suspect(4, 3), id(4).addr);
         // Two: down to foca's own 4 s, which has passed.
         assert_eq!(
             guard.poll(10_000 + 11_380),
             vec![Action::Deliver(down.clone())]
         );
         assert_eq!(guard.expired, 1);
-        assert!(guard.suspicions().is_empty());
+        assert_eq!(guard.next_due_ms(), None);
 
         // Asked again while held (another failed probe): the clock runs on
         // from the first time.
@@ -570,13 +635,66 @@ mod tests {
 
         // Refuted before it is due: forgotten, never delivered.
         assert_eq!(guard.schedule(down.clone(), min, 0, 10), None);
-        guard.forget(id(2).addr, 3);
+        guard.retain(&[]);
         assert_eq!(guard.poll(60_000), vec![]);
 
         // In a cluster too small to confirm, foca's timeout stands.
         assert_eq!(guard.schedule(down.clone(), min, 0, 2), None);
         assert_eq!(guard.poll(3_999), vec![]);
         assert_eq!(guard.poll(4_000), vec![Action::Deliver(down)]);
+    }
+
+    #[test]
+    fn suspicions_raised_together_confirm_each_other_and_a_late_holder_is_told() {
+        let down = |member: u16| Timer::ChangeSuspectToDown {
+            member_id: id(member),
+            incarnation: 0,
+            token: 0,
+        };
+        let min = Duration::from_secs(4);
+        let holding = |from: u16| Suspect {
+            from: id(from).addr,
+            member: id(2),
+            incarnation: 0,
+        };
+
+        // Member 3 announced it holds a suspicion of 2 before ours was
+        // raised: its failed probe counts towards ours from the start.
+        let mut guard = Lifeguard::new(id(1).addr, true);
+        assert!(!guard.holding(&holding(3), id(3).addr));
+        assert_eq!(guard.schedule(down(2), min, 0, 10), None);
+        assert_eq!(guard.next_due_ms(), Some(11_381));
+        // Member 4 raises its own afterwards: the second confirmation.
+        assert!(!guard.holding(&holding(4), id(4).addr));
+        assert_eq!(guard.poll(4_000), vec![Action::Deliver(down(2))]);
+
+        // Our probe of 2 failed while nobody was known to hold it: nobody to
+        // tell but the suspect. A holder announced later is told, once.
+        let mut guard = Lifeguard::new(id(1).addr, true);
+        assert_eq!(guard.own_probe_failed_of(id(2).addr, 0), vec![]);
+        assert!(guard.holding(&holding(3), id(3).addr));
+        assert!(!guard.holding(&holding(3), id(3).addr));
+        assert_eq!(guard.own_probe_failed_of(id(2).addr, 0), vec![id(3).addr]);
+        // Another incarnation is another suspicion: no failed probe of ours.
+        let newer = Suspect {
+            incarnation: 1,
+            ..holding(4)
+        };
+        assert!(!guard.holding(&newer, id(4).addr));
+        // Once foca no longer suspects 2, all of it is forgotten.
+        guard.retain(&[]);
+        assert!(!guard.holding(&holding(5), id(5).addr));
+
+        // An announcement claiming to come from ourselves is ignored; and
+        // holders are bounded.
+        let mut guard = Lifeguard::new(id(1).addr, true);
+        assert_eq!(guard.own_probe_failed_of(id(2).addr, 0), vec![]);
+        assert!(!guard.holding(&holding(1), id(1).addr));
+        for member in 10..10 + MAX_HOLDERS as u16 {
+            assert!(guard.holding(&holding(member), id(member).addr));
+        }
+        assert!(!guard.holding(&holding(99), id(99).addr));
+        assert_eq!(guard.own_probe_failed_of(id(2).addr, 0).len(), MAX_HOLDERS);
     }
 
     #[test]

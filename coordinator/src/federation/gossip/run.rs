@@ -3,7 +3,6 @@
 //! notify) with Lifeguard watching and stretching timers, and runs state
 //! syncs: at join until one succeeds, on rejoin, and periodically.
 
-use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -66,9 +65,6 @@ pub(super) struct Loop {
     rng: rand010::rngs::StdRng,
     /// Tests cut a member off: every datagram in or out is dropped.
     cut: bool,
-    /// Who holds the timer of each suspicion (announced by `Holding`), so
-    /// confirmations go there rather than to everyone.
-    holders: HashMap<(SocketAddr, foca::Incarnation), Vec<SocketAddr>>,
 }
 
 /// The first periodic sync after a join, doubling until the interval.
@@ -76,9 +72,6 @@ const FIRST_RAMP: Duration = Duration::from_secs(2);
 
 /// Longest wait between two join syncs that failed.
 const MAX_JOIN_BACKOFF: Duration = Duration::from_secs(16);
-
-/// Most holders remembered for one suspicion.
-const MAX_HOLDERS: usize = 8;
 
 impl Loop {
     pub(super) fn new(parts: Parts) -> Self {
@@ -97,7 +90,6 @@ impl Loop {
             next_sync: Instant::now() + sync::INTERVAL,
             rng: rand010::make_rng(),
             cut: false,
-            holders: HashMap::new(),
         }
     }
 
@@ -293,16 +285,16 @@ impl Loop {
                             tracing::debug!(%error, "refuting a suspicion");
                         }
                     }
-                    Ok(suspect) if opened.kind == Kind::Holding => {
-                        let holders = self
-                            .holders
-                            .entry((suspect.member.addr, suspect.incarnation))
-                            .or_default();
-                        if holders.len() < MAX_HOLDERS && !holders.contains(&suspect.from) {
-                            holders.push(suspect.from);
+                    Ok(holding) if opened.kind == Kind::Holding => {
+                        if self.parts.lifeguard.holding(&holding, from) {
+                            // Our probe of it failed before this holder
+                            // raised its suspicion: confirm to it now.
+                            let own = self.parts.foca.identity().addr;
+                            self.send_suspect(own, holding.member, holding.incarnation, &[holding.from])
+                                .await;
                         }
                     }
-                    Ok(suspect) => self.parts.lifeguard.confirm(&suspect),
+                    Ok(suspect) => self.parts.lifeguard.confirm(&suspect, from),
                     Err(_) => add(&counters.malformed, 1),
                 }
             }
@@ -445,13 +437,12 @@ impl Loop {
             .iter()
             .map(|m| (m.id().addr, m.incarnation()))
             .collect();
-        for suspicion in self.parts.lifeguard.suspicions() {
-            if !held.contains(&suspicion) {
-                self.parts.lifeguard.forget(suspicion.0, suspicion.1);
-            }
+        self.parts.lifeguard.retain(&held);
+        let newly = lock(&self.parts.digests.table).suspects(&names, std::time::Instant::now());
+        for site in newly {
+            tracing::info!(%site, "site suspected");
+            let _ = self.parts.events.send(GossipEvent::Suspect { site });
         }
-        self.holders.retain(|key, _| held.contains(key));
-        lock(&self.parts.digests.table).suspects(&names, std::time::Instant::now());
     }
 
     /// Carries out what foca asked for.
@@ -571,9 +562,22 @@ impl Loop {
         };
         let own = self.parts.foca.identity().addr;
         let mut targets = vec![member.addr];
-        if let Some(holders) = self.holders.get(&(member.addr, incarnation)) {
-            targets.extend(holders.iter().copied().filter(|holder| *holder != own));
-        }
+        targets.extend(
+            self.parts
+                .lifeguard
+                .own_probe_failed_of(member.addr, incarnation),
+        );
+        self.send_suspect(own, member, incarnation, &targets).await;
+    }
+
+    /// Sends our independent suspicion of `member` to `targets`.
+    async fn send_suspect(
+        &mut self,
+        own: SocketAddr,
+        member: MemberId,
+        incarnation: foca::Incarnation,
+        targets: &[SocketAddr],
+    ) {
         let suspect = wire::Suspect {
             from: own,
             member,
@@ -583,7 +587,7 @@ impl Loop {
             return;
         };
         for to in targets {
-            self.send(to, Kind::Suspect, &body).await;
+            self.send(*to, Kind::Suspect, &body).await;
         }
     }
 
