@@ -14,7 +14,10 @@
 //!
 //! A profiles file (TOML, `--profiles FILE`) lists `[[profile]]` tables with
 //! the fields of [`DeviceProfile`]; `weight` sets how many devices of each
-//! there are relative to the others.
+//! there are relative to the others. A simulator scenario file
+//! (`placement/scenarios/*.toml`, `[[device]]` tables) is read too: each
+//! device becomes a profile weighted by its count, so a fleet described once
+//! can be simulated and then run as a swarm.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -304,11 +307,146 @@ fn from_file(path: &Path) -> Result<Vec<DeviceProfile>, ProfilesError> {
         path: path.to_owned(),
         source,
     })?;
-    let file: File = toml::from_str(&text).map_err(|e| ProfilesError::Parse {
+    let parse_error = |e: toml::de::Error| ProfilesError::Parse {
         path: path.to_owned(),
         detail: e.to_string(),
-    })?;
+    };
+    if text.lines().any(|line| line.trim() == "[[device]]") {
+        let scenario: scenario::File = toml::from_str(&text).map_err(parse_error)?;
+        return Ok(scenario.profiles());
+    }
+    let file: File = toml::from_str(&text).map_err(parse_error)?;
     Ok(file.profile)
+}
+
+/// The device part of the placement simulator's scenario files, read on its
+/// own: the agent does not depend on the placement crate, and the simulator
+/// checks the rest of the file.
+mod scenario {
+    use std::collections::BTreeMap;
+
+    use serde::Deserialize;
+
+    use super::DeviceProfile;
+
+    #[derive(Deserialize)]
+    pub(super) struct File {
+        #[serde(default)]
+        settings: Settings,
+        device: Vec<Device>,
+    }
+
+    #[derive(Default, Deserialize)]
+    struct Settings {
+        mips_per_reference_core: Option<f64>,
+    }
+
+    #[derive(Deserialize)]
+    struct Device {
+        name: String,
+        #[serde(default)]
+        count: u32,
+        per_user: Option<f64>,
+        arch: String,
+        cores: f64,
+        core_speed: Option<f64>,
+        mips: Option<f64>,
+        memory_gib: f64,
+        #[serde(default = "default_io")]
+        io_mbps: f32,
+        bandwidth_mbps: f64,
+        #[serde(default)]
+        mobile: bool,
+        idle_watts: f32,
+        max_watts: f32,
+        #[serde(default = "default_levels")]
+        level_speeds: Vec<f32>,
+        #[serde(default)]
+        labels: BTreeMap<String, String>,
+        opencl: Option<Opencl>,
+    }
+
+    #[derive(Deserialize)]
+    struct Opencl {
+        #[serde(default)]
+        kind: String,
+        gflops: f32,
+        #[serde(default)]
+        device_name: String,
+        #[serde(default = "one")]
+        compute_units: u32,
+    }
+
+    fn default_io() -> f32 {
+        100.0
+    }
+    fn default_levels() -> Vec<f32> {
+        vec![1.0]
+    }
+    fn one() -> u32 {
+        1
+    }
+
+    impl File {
+        pub(super) fn profiles(&self) -> Vec<DeviceProfile> {
+            let reference = self.settings.mips_per_reference_core.unwrap_or(10_000.0);
+            self.device
+                .iter()
+                .map(|device| {
+                    let speed = device
+                        .core_speed
+                        .or_else(|| device.mips.map(|mips| mips / reference))
+                        .unwrap_or(1.0);
+                    // The clock from which the coordinator derives that very
+                    // speed (1/3 per GHz on x86, 0.23 per GHz on Arm).
+                    let per_ghz = if device.arch.starts_with("x86") {
+                        1.0 / 3.0
+                    } else {
+                        0.23
+                    };
+                    // A device counted per user (PureEdgeSim's percentages)
+                    // weighs its share of a hundred.
+                    let weight = if device.count > 0 {
+                        device.count
+                    } else {
+                        device
+                            .per_user
+                            .map_or(0, |share| (share * 100.0).round() as u32)
+                    };
+                    DeviceProfile {
+                        name: device.name.clone(),
+                        weight,
+                        arch: device.arch.clone(),
+                        cpu_model: String::new(),
+                        cores: device.cores.round().clamp(1.0, f64::from(u16::MAX)) as u16,
+                        max_mhz: (speed / per_ghz * 1000.0).round() as u32,
+                        core_speed: speed as f32,
+                        memory_mib: (device.memory_gib * 1024.0).round() as u64,
+                        io_mbps: device.io_mbps,
+                        bandwidth_mbps: device.bandwidth_mbps.round() as u32,
+                        wireless: device.mobile,
+                        // The swarm's power model wants an idle draw above
+                        // zero; 1 mW stands for a cloud's "none".
+                        idle_watts: device.idle_watts.max(0.001),
+                        full_watts: device.max_watts.max(0.001),
+                        level_speeds: device.level_speeds.clone(),
+                        labels: device.labels.clone(),
+                        gpu_gflops: device.opencl.as_ref().map(|gpu| gpu.gflops),
+                        gpu_name: device
+                            .opencl
+                            .as_ref()
+                            .map(|gpu| gpu.device_name.clone())
+                            .unwrap_or_default(),
+                        gpu_compute_units: device
+                            .opencl
+                            .as_ref()
+                            .map_or(1, |gpu| gpu.compute_units),
+                        gpu_is_cpu: device.opencl.as_ref().is_some_and(|gpu| gpu.kind == "cpu"),
+                    }
+                })
+                .collect()
+        }
+    }
 }
 
 impl DeviceProfile {
@@ -579,6 +717,60 @@ mod tests {
             0.23
         };
         per_ghz * max_mhz as f32 / 1000.0
+    }
+
+    /// The simulator's scenario files feed the swarm too: the standard fleet
+    /// file gives the built-in profiles' figures, and every shipped file
+    /// gives valid profiles the coordinator sees at the file's speeds.
+    #[test]
+    fn scenario_files_give_swarm_profiles() {
+        let directory = Path::new(env!("CARGO_MANIFEST_DIR")).join("../placement/scenarios");
+        let standard = parse(directory.join("standard.toml").to_str().unwrap()).unwrap();
+        let names: Vec<&str> = standard.iter().map(|p| p.name.as_str()).collect();
+        assert_eq!(names, ["pi4", "jetson", "nuc", "gateway"]);
+        for (from_file, built_in) in standard.iter().zip(builtin()) {
+            assert_eq!(from_file.weight, 25);
+            assert_eq!(from_file.cores, built_in.cores, "{}", built_in.name);
+            assert_eq!(
+                from_file.core_speed, built_in.core_speed,
+                "{}",
+                built_in.name
+            );
+            assert_eq!(
+                from_file.level_speeds, built_in.level_speeds,
+                "{}",
+                built_in.name
+            );
+            assert_eq!(
+                from_file.gpu_gflops, built_in.gpu_gflops,
+                "{}",
+                built_in.name
+            );
+            assert_eq!(
+                from_file.gpu_is_cpu, built_in.gpu_is_cpu,
+                "{}",
+                built_in.name
+            );
+            assert_eq!(
+                (from_file.idle_watts, from_file.full_watts),
+                (built_in.idle_watts, built_in.full_watts)
+            );
+        }
+        for name in ["unseen", "pureedgesim-default", "edgecloudsim-sample-app1"] {
+            let path = directory.join(format!("{name}.toml"));
+            for profile in parse(path.to_str().unwrap()).unwrap() {
+                profile.check().unwrap();
+                // The coordinator caps a core at 4 reference cores (a
+                // PureEdgeSim laptop core is 11).
+                let seen = coordinator_core_speed(&profile.arch, profile.max_mhz).min(4.0);
+                assert!(
+                    (seen - profile.core_speed.min(4.0)).abs() < 0.01,
+                    "{name} {}: {seen} against {}",
+                    profile.name,
+                    profile.core_speed
+                );
+            }
+        }
     }
 
     #[test]

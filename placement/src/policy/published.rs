@@ -258,3 +258,81 @@ impl Policy for EdgeCloudSimDefaultPolicy {
         decisions
     }
 }
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+mod tests {
+    use super::*;
+    use crate::model::TaskClass;
+    use crate::policy::Outcome;
+    use crate::testing::{node, task};
+    use starling_proto::Label;
+
+    fn with_tier(mut view: NodeView, tier: &str) -> NodeView {
+        view.labels.push(Label::new("tier", tier).unwrap());
+        view
+    }
+
+    fn placed(decision: &Decision) -> usize {
+        match decision.outcome {
+            Outcome::Place { node, .. } => node,
+            Outcome::Hold { .. } => panic!("held: {:?}", decision.explanation),
+        }
+    }
+
+    fn fleet() -> ClusterView {
+        ClusterView {
+            now_ms: 0,
+            nodes: vec![
+                with_tier(node("phone", 8.0, 2.5), "device"),
+                with_tier(node("edge", 10.0, 4.0), "edge"),
+                with_tier(node("cloud", 200.0, 4.0), "cloud"),
+            ],
+        }
+    }
+
+    #[test]
+    fn round_robin_sends_to_the_node_sent_the_fewest_so_far() {
+        let view = fleet();
+        let mut policy = PureEdgeSimRoundRobinPolicy::default();
+        let queue: Vec<_> = (0..5).map(|key| task(key, TaskClass::Cpu)).collect();
+        let first: Vec<usize> = policy.decide(&view, &queue).iter().map(placed).collect();
+        assert_eq!(first, vec![0, 1, 2, 0, 1]);
+        // The history outlives the round: the cloud is behind by one.
+        let next = policy.decide(&view, &queue[..1]);
+        assert_eq!(placed(&next[0]), 2);
+    }
+
+    #[test]
+    fn trade_off_weighs_tier_speed_and_history() {
+        let view = fleet();
+        let mut policy = PureEdgeSimTradeOffPolicy::default();
+        let queue: Vec<_> = (0..4).map(|key| task(key, TaskClass::Cpu)).collect();
+        let chosen: Vec<usize> = policy.decide(&view, &queue).iter().map(placed).collect();
+        // Weights: edge 1.2/4 = 0.3, cloud 1.8/4 = 0.45, phone 1.3/2.5 = 0.52
+        // per unit of work; each task sent multiplies a node's cost by
+        // (sent + 1): edge 0.3, cloud 0.45, phone 0.52, edge 0.6.
+        assert_eq!(chosen, vec![1, 2, 0, 1]);
+    }
+
+    #[test]
+    fn edgecloudsim_default_tries_edge_hosts_in_turn_and_draws_the_cloud() {
+        let mut view = fleet();
+        view.nodes[0] = with_tier(node("edge-2", 4.0, 0.1), "edge");
+        let queue: Vec<_> = (0..4).map(|key| task(key, TaskClass::Cpu)).collect();
+        let mut never = EdgeCloudSimDefaultPolicy::new(1, 0.0);
+        let chosen: Vec<usize> = never.decide(&view, &queue).iter().map(placed).collect();
+        assert_eq!(chosen, vec![0, 1, 0, 1], "next fit over the edge hosts");
+        let mut always = EdgeCloudSimDefaultPolicy::new(1, 1.0);
+        let chosen: Vec<usize> = always.decide(&view, &queue).iter().map(placed).collect();
+        assert_eq!(chosen, vec![2, 2, 2, 2], "the cloud when drawn");
+        // A host with no free core is passed over.
+        view.nodes[0].load.free_cpu_cores = 0.0;
+        let chosen: Vec<usize> = never
+            .decide(&view, &queue[..2])
+            .iter()
+            .map(placed)
+            .collect();
+        assert_eq!(chosen, vec![1, 1]);
+    }
+}
