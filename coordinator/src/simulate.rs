@@ -52,6 +52,9 @@ pub struct SimArgs {
     /// [default: static-optimisation when it runs, else the first policy].
     #[arg(long, value_name = "NAME")]
     pub baseline: Option<String>,
+    /// Only these load levels, by name (`low`, `medium`, a scenario's own).
+    #[arg(long, value_delimiter = ',', value_name = "NAME,...")]
+    pub loads: Vec<String>,
     /// The pinned small size (2 seeds, shorter runs, fewer nodes) that the
     /// placement crate's tests re-run and compare with docs/bench/pinned/.
     #[arg(long)]
@@ -214,7 +217,10 @@ pub fn run(args: &SimArgs) -> Result<(), SimCommandError> {
         ));
     }
     if (args.sites > 0 || args.scale)
-        && (args.scenario.is_some() || !args.seeds.is_empty() || args.small)
+        && (args.scenario.is_some()
+            || !args.seeds.is_empty()
+            || args.small
+            || !args.loads.is_empty())
     {
         return Err(SimCommandError::Usage(
             "--scenario, --seeds and --small run the single-site tables; leave out --sites and --scale".to_owned(),
@@ -324,6 +330,15 @@ fn single_site(
         config.seed = DEFAULT_SEED;
     }
     apply_sim_flags(args, &mut config);
+    if !args.loads.is_empty() {
+        config.loads.retain(|load| args.loads.contains(&load.name));
+        if config.loads.is_empty() {
+            return Err(SimCommandError::Usage(format!(
+                "--loads {}: no such load level",
+                args.loads.join(",")
+            )));
+        }
+    }
     if let (Some(scenario), Some(nodes)) = (config.scenario.as_mut(), args.nodes_per_profile) {
         for device in &mut scenario.devices {
             if device.count > 0 {
