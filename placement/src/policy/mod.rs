@@ -258,19 +258,20 @@ pub fn policy_with_tuning(
     Ok(policy)
 }
 
-/// Like [`policy_with_tuning`], for a run of `scenario`: EdgeCloudSim's
-/// default policy takes the scenario's cloud probability.
+/// Like [`policy_with_tuning`], for a run of a scenario: EdgeCloudSim's
+/// default policy takes the scenario's mean cloud probability. (The number,
+/// not the scenario: the simulator uses policies, not the other way round.)
 pub fn for_scenario(
     name: &str,
     seed: u64,
     tuning: &HeuristicTuning,
     models: &[ModelFile],
-    scenario: &crate::sim::Scenario,
+    cloud_probability: f64,
 ) -> Result<Box<dyn Policy>, PolicyError> {
     if name.trim().eq_ignore_ascii_case("edgecloudsim-default") {
         return Ok(Box::new(EdgeCloudSimDefaultPolicy::new(
             seed,
-            scenario.mean_cloud_probability(),
+            cloud_probability,
         )));
     }
     policy_with_tuning(name, seed, tuning, models)

@@ -327,7 +327,7 @@ pub fn run(
             config.seed,
             &config.heuristic,
             &config.models,
-            &scenario,
+            scenario.mean_cloud_probability(),
         )?;
     }
     let total_runs = config.loads.len() * config.policies.len();
@@ -342,7 +342,7 @@ pub fn run(
                 config.seed,
                 &config.heuristic,
                 &config.models,
-                &scenario,
+                scenario.mean_cloud_probability(),
             )?;
             let row = engine::simulate(
                 config,
