@@ -256,7 +256,10 @@ mod tests {
         assert!(!table.up("b", "10.0.0.2:7946".parse().unwrap(), now));
         assert_eq!(table.peers().len(), 1);
         assert_eq!(table.suspects(&["b".to_string()], now), vec!["b"]);
-        assert_eq!(table.suspects(&["b".to_string()], now), Vec::<String>::new());
+        assert_eq!(
+            table.suspects(&["b".to_string()], now),
+            Vec::<String>::new()
+        );
         assert!(table.peers().is_empty(), "a suspect gets no new work");
         assert_eq!(table.suspects(&[], now), Vec::<String>::new());
         assert_eq!(table.peers()[0].digest.version, 5);

@@ -290,8 +290,13 @@ impl Loop {
                             // Our probe of it failed before this holder
                             // raised its suspicion: confirm to it now.
                             let own = self.parts.foca.identity().addr;
-                            self.send_suspect(own, holding.member, holding.incarnation, &[holding.from])
-                                .await;
+                            self.send_suspect(
+                                own,
+                                holding.member,
+                                holding.incarnation,
+                                &[holding.from],
+                            )
+                            .await;
                         }
                     }
                     Ok(suspect) => self.parts.lifeguard.confirm(&suspect, from),
