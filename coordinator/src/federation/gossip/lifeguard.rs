@@ -412,12 +412,19 @@ impl Lifeguard {
         actions
     }
 
-    /// Keeps only what concerns the suspicions foca has now (`suspected`):
-    /// the rest ended, refuted or declared down.
-    pub fn retain(&mut self, suspected: &[(SocketAddr, Incarnation)]) {
+    /// Keeps only suspicions foca still has (`suspected`), and the holders
+    /// and failed probes of members still active at that incarnation
+    /// (`active`): a holder's announcement often arrives before the
+    /// suspicion itself reaches this member by gossip, and must outlive that
+    /// wait; a refutation (a newer incarnation) or a death ends it.
+    pub fn retain(
+        &mut self,
+        suspected: &[(SocketAddr, Incarnation)],
+        active: &[(SocketAddr, Incarnation)],
+    ) {
         self.suspicions.retain(|key, _| suspected.contains(key));
-        self.holders.retain(|key, _| suspected.contains(key));
-        self.failed.retain(|key| suspected.contains(key));
+        self.holders.retain(|key, _| active.contains(key));
+        self.failed.retain(|key| active.contains(key));
     }
 
     /// Whether a suspicion of `member` at `incarnation` is held here.
@@ -635,7 +642,7 @@ mod tests {
 
         // Refuted before it is due: forgotten, never delivered.
         assert_eq!(guard.schedule(down.clone(), min, 0, 10), None);
-        guard.retain(&[]);
+        guard.retain(&[], &[]);
         assert_eq!(guard.poll(60_000), vec![]);
 
         // In a cluster too small to confirm, foca's timeout stands.
@@ -681,8 +688,12 @@ mod tests {
             ..holding(4)
         };
         assert!(!guard.holding(&newer, id(4).addr));
-        // Once foca no longer suspects 2, all of it is forgotten.
-        guard.retain(&[]);
+        // While 2 is active at incarnation 0 (the suspicion not yet heard
+        // of by gossip), what was learnt is kept.
+        guard.retain(&[], &[(id(2).addr, 0)]);
+        assert_eq!(guard.own_probe_failed_of(id(2).addr, 0), vec![id(3).addr]);
+        // Refuted (a newer incarnation) or down: all of it is forgotten.
+        guard.retain(&[], &[(id(2).addr, 1)]);
         assert!(!guard.holding(&holding(5), id(5).addr));
 
         // An announcement claiming to come from ourselves is ignored; and

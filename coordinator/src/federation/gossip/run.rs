@@ -442,7 +442,14 @@ impl Loop {
             .iter()
             .map(|m| (m.id().addr, m.incarnation()))
             .collect();
-        self.parts.lifeguard.retain(&held);
+        let active: Vec<(SocketAddr, u16)> = self
+            .parts
+            .foca
+            .iter_membership_state()
+            .filter(|member| member.state() != State::Down)
+            .map(|m| (m.id().addr, m.incarnation()))
+            .collect();
+        self.parts.lifeguard.retain(&held, &active);
         let newly = lock(&self.parts.digests.table).suspects(&names, std::time::Instant::now());
         for site in newly {
             tracing::info!(%site, "site suspected");
