@@ -83,33 +83,51 @@ impl Policy for PureEdgeSimRoundRobinPolicy {
     }
 
     fn decide(&mut self, view: &ClusterView, queue: &[PendingTask]) -> Vec<Decision> {
-        history_of(&mut self.sent, view);
-        let mut round = Round::new(view);
-        let mut decisions = Vec::with_capacity(queue.len());
-        for task in queue {
-            let mut tally = FilterTally::default();
-            let mut top = TopCandidates::default();
-            for mut candidate in candidates(&round, view, task, &mut tally) {
-                let sent = self.sent.get(candidate.node).copied().unwrap_or(0);
-                candidate.score = -(sent as f64);
-                top.offer(candidate);
-            }
-            if let Some(chosen) = top.first() {
-                if let Some(sent) = self.sent.get_mut(chosen.node) {
-                    *sent += 1;
-                }
-            }
-            decisions.push(conclude(
-                &mut round,
-                self.name(),
-                task,
-                &top,
-                &tally,
-                "fewest tasks sent so far (PureEdgeSim ROUND_ROBIN)",
-            ));
-        }
-        decisions
+        let name = self.name();
+        decide_by_tasks_sent(
+            &mut self.sent,
+            view,
+            queue,
+            name,
+            "fewest tasks sent so far (PureEdgeSim ROUND_ROBIN)",
+            |_, _, sent| -sent,
+        )
     }
+}
+
+/// PureEdgeSim's two policies alike: each compatible node scored by
+/// `score(task, node, tasks sent to it so far)`, the best at full power, and
+/// the count of the chosen node raised.
+fn decide_by_tasks_sent(
+    sent: &mut Vec<u64>,
+    view: &ClusterView,
+    queue: &[PendingTask],
+    name: &'static str,
+    why: &str,
+    score: impl Fn(&PendingTask, &NodeView, f64) -> f64,
+) -> Vec<Decision> {
+    history_of(sent, view);
+    let mut round = Round::new(view);
+    let mut decisions = Vec::with_capacity(queue.len());
+    for task in queue {
+        let mut tally = FilterTally::default();
+        let mut top = TopCandidates::default();
+        for mut candidate in candidates(&round, view, task, &mut tally) {
+            let Some(node) = view.nodes.get(candidate.node) else {
+                continue;
+            };
+            let so_far = sent.get(candidate.node).copied().unwrap_or(0) as f64;
+            candidate.score = score(task, node, so_far);
+            top.offer(candidate);
+        }
+        if let Some(chosen) = top.first() {
+            if let Some(count) = sent.get_mut(chosen.node) {
+                *count += 1;
+            }
+        }
+        decisions.push(conclude(&mut round, name, task, &top, &tally, why));
+    }
+    decisions
 }
 
 /// PureEdgeSim's TRADE_OFF: the least (sent + 1) × tier weight × the task's
@@ -125,40 +143,22 @@ impl Policy for PureEdgeSimTradeOffPolicy {
     }
 
     fn decide(&mut self, view: &ClusterView, queue: &[PendingTask]) -> Vec<Decision> {
-        history_of(&mut self.sent, view);
-        let mut round = Round::new(view);
-        let mut decisions = Vec::with_capacity(queue.len());
-        for task in queue {
-            let mut tally = FilterTally::default();
-            let mut top = TopCandidates::default();
-            for mut candidate in candidates(&round, view, task, &mut tally) {
-                let Some(node) = view.nodes.get(candidate.node) else {
-                    continue;
-                };
+        let name = self.name();
+        decide_by_tasks_sent(
+            &mut self.sent,
+            view,
+            queue,
+            name,
+            "least (sent + 1) × tier weight × time (PureEdgeSim TRADE_OFF)",
+            |task, node, sent| {
                 let weight = match tier(node) {
                     Tier::Cloud => 1.8,
                     Tier::Device => 1.3,
                     Tier::Edge => 1.2,
                 };
-                let sent = self.sent.get(candidate.node).copied().unwrap_or(0) as f64;
-                candidate.score = -((sent + 1.0) * weight * task.work / node.cpu_speed.max(1e-9));
-                top.offer(candidate);
-            }
-            if let Some(chosen) = top.first() {
-                if let Some(sent) = self.sent.get_mut(chosen.node) {
-                    *sent += 1;
-                }
-            }
-            decisions.push(conclude(
-                &mut round,
-                self.name(),
-                task,
-                &top,
-                &tally,
-                "least (sent + 1) × tier weight × time (PureEdgeSim TRADE_OFF)",
-            ));
-        }
-        decisions
+                -((sent + 1.0) * weight * task.work / node.cpu_speed.max(1e-9))
+            },
+        )
     }
 }
 
