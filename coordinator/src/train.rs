@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 
 use indicatif::{ProgressBar, ProgressStyle};
 use starling_learn::{EpisodeStats, LearnError, TrainConfig};
-use starling_placement::learned::LearnedKind;
+use starling_placement::learned::{LearnedKind, PowerAction, RewardShape};
 use starling_placement::sim::LoadLevel;
 
 /// Arguments of `starling-coordinator train`.
@@ -16,6 +16,7 @@ use starling_placement::sim::LoadLevel;
 #[command(after_help = "Examples:
   starling-coordinator train --policy hirl --out hirl.json
   starling-coordinator train --policy ddqn --load high --seed 7 --episodes 60 --out ddqn-high.json
+  starling-coordinator train --policy hirl --latency-margin 0 --power-action speed --out first-hirl.json
   starling-coordinator serve --policy hirl --model hirl.json
 
 Each episode is a fresh simulated world (arrivals, failures, link changes) of
@@ -53,6 +54,15 @@ pub struct TrainArgs {
     /// Width of the networks' hidden layers.
     #[arg(long, default_value_t = 32, value_name = "N")]
     pub hidden: usize,
+    /// Share of each task's deadline budget its latency may use before the
+    /// reward charges it (0: every millisecond costs, as the first models had).
+    #[arg(long, default_value_t = RewardShape::DEADLINE_MARGIN.latency_margin, value_name = "SHARE")]
+    pub latency_margin: f64,
+    /// What HiRL's power actor answers: slack-share (the share of the task's
+    /// slack it may spend running slower) or speed (a fraction of top speed, as
+    /// the first models had).
+    #[arg(long, default_value = "slack-share", value_name = "slack-share|speed")]
+    pub power_action: String,
     /// Where to write the model file.
     #[arg(long, value_name = "FILE")]
     pub out: PathBuf,
@@ -153,7 +163,7 @@ pub fn run(args: &TrainArgs) -> Result<(), TrainCommandError> {
         .map(|load| parse_load(load))
         .collect::<Result<Vec<_>, _>>()?;
     let command = format!(
-        "starling-coordinator train --policy {} --load {} --seed {} --nodes-per-profile {} --episodes {} --episode-seconds {} --updates {} --hidden {} --out {}",
+        "starling-coordinator train --policy {} --load {} --seed {} --nodes-per-profile {} --episodes {} --episode-seconds {} --updates {} --hidden {} --latency-margin {} --power-action {} --out {}",
         kind.as_str(),
         args.load.join(","),
         args.seed,
@@ -162,8 +172,25 @@ pub fn run(args: &TrainArgs) -> Result<(), TrainCommandError> {
         args.episode_seconds,
         args.updates,
         args.hidden,
+        args.latency_margin,
+        args.power_action,
         args.out.display()
     );
+    let power_action = PowerAction::from_name(&args.power_action).ok_or_else(|| {
+        TrainCommandError::Usage(format!(
+            "--power-action {:?}: expected slack-share or speed",
+            args.power_action
+        ))
+    })?;
+    let reward = RewardShape {
+        latency_margin: args.latency_margin,
+    };
+    if !reward.is_valid() {
+        return Err(TrainCommandError::Usage(format!(
+            "--latency-margin {}: expected a share of the budget in [0, 1)",
+            args.latency_margin
+        )));
+    }
     let config = TrainConfig {
         kind,
         seed: args.seed,
@@ -173,6 +200,8 @@ pub fn run(args: &TrainArgs) -> Result<(), TrainCommandError> {
         episode_s: args.episode_seconds,
         updates_per_episode: args.updates,
         hidden: args.hidden,
+        reward,
+        power_action,
         command,
         ..TrainConfig::default()
     };

@@ -7,8 +7,8 @@ use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 use serde::{Deserialize, Serialize};
 use starling_placement::learned::{
-    DecisionRecord, Exploration, LearnedKind, LearnedPolicy, ModelFile, Networks, TaskOutcome,
-    TrainingInfo,
+    DecisionRecord, Exploration, LearnedKind, LearnedPolicy, ModelFile, Networks, PowerAction,
+    RewardShape, TaskOutcome, TrainingInfo,
 };
 use starling_placement::policy::Policy;
 use starling_placement::sim::{self, FakeStopwatch, LoadLevel, PolicyRow, SimConfig};
@@ -44,6 +44,10 @@ pub struct TrainConfig {
     pub hidden: usize,
     /// The replay's knobs.
     pub replay: ReplayConfig,
+    /// Where latency starts to cost in the reward.
+    pub reward: RewardShape,
+    /// What HiRL's power actor answers.
+    pub power_action: PowerAction,
     /// The command line that asked for this, recorded in the model.
     pub command: String,
 }
@@ -63,6 +67,8 @@ impl Default for TrainConfig {
             learning_rate: 1e-3,
             hidden: 32,
             replay: ReplayConfig::default(),
+            reward: RewardShape::default(),
+            power_action: PowerAction::SlackShare,
             command: String::new(),
         }
     }
@@ -90,6 +96,9 @@ impl TrainConfig {
         }
         if !(self.learning_rate.is_finite() && self.learning_rate > 0.0) {
             return invalid("learning rate must be positive");
+        }
+        if !self.reward.is_valid() {
+            return invalid("the latency margin must be in [0, 1)");
         }
         Ok(())
     }
@@ -155,7 +164,11 @@ pub struct Trained {
 /// task's decisions in order (an attempt lost rewards the decision that made it;
 /// the task's final fate rewards the last). A decision with no outcome (the run
 /// ended first) counts as a lost task.
-fn transitions(records: Vec<DecisionRecord>, outcomes: &[TaskOutcome]) -> Vec<(Transition, bool)> {
+fn transitions(
+    records: Vec<DecisionRecord>,
+    outcomes: &[TaskOutcome],
+    shape: RewardShape,
+) -> Vec<(Transition, bool)> {
     let mut by_task: HashMap<u64, Vec<usize>> = HashMap::new();
     for (index, record) in records.iter().enumerate() {
         by_task.entry(record.task_key).or_default().push(index);
@@ -178,7 +191,7 @@ fn transitions(records: Vec<DecisionRecord>, outcomes: &[TaskOutcome]) -> Vec<(T
         .enumerate()
         .map(|(index, record)| {
             let (reward, failure) = match &fates[index] {
-                Some(outcome) => (outcome.reward(), outcome.is_failure()),
+                Some(outcome) => (outcome.reward(shape), outcome.is_failure()),
                 None => (starling_placement::learned::reward::LOST_TASK_REWARD, true),
             };
             (
@@ -233,7 +246,8 @@ pub fn train(
             ddqn.export()?,
             power,
             config.seed.wrapping_add(u64::from(episode)),
-        );
+        )
+        .with_power_action(config.power_action);
         let exploration = config.exploration(episode);
         policy.set_exploration(Some(exploration));
         policy.set_recording(true);
@@ -254,7 +268,7 @@ pub fn train(
             &mut stopwatch,
             &mut |outcome| outcomes.push(outcome),
         )?;
-        let experience = transitions(policy.take_records(), &outcomes);
+        let experience = transitions(policy.take_records(), &outcomes, config.reward);
         let rewards: Vec<f32> = experience.iter().map(|(t, _)| t.reward).collect();
         for (transition, failure) in experience {
             replay.push(transition, failure);
@@ -299,6 +313,7 @@ pub fn train(
     let networks = Networks {
         placement: ddqn.export()?,
         power: td3.as_ref().map(Td3::export).transpose()?,
+        power_action: config.power_action,
     };
     let mut evaluation = Vec::new();
     for (index, load) in config.loads.iter().enumerate() {
@@ -307,7 +322,8 @@ pub fn train(
             networks.placement.clone(),
             networks.power.clone(),
             config.seed,
-        );
+        )
+        .with_power_action(networks.power_action);
         // Held-out worlds: seeds the training episodes never used.
         let world = config.world(
             config
@@ -350,6 +366,7 @@ pub fn train(
             seconds: 0.0,
             on_time_rate,
             command: config.command.clone(),
+            reward: config.reward,
         },
     );
     Ok(Trained {

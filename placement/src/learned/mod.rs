@@ -21,8 +21,11 @@
 //!
 //! - **`hirl`**: the placement DDQN scores each candidate node seen at full
 //!   power and the best is taken; then the power actor (TD3) sees that node's
-//!   features and answers a speed fraction in 0..1, run at the lowest level at
-//!   least that fast ([`level_for_speed`]). Placement decides first because the
+//!   features and answers a number in 0..1: the share of the task's slack at
+//!   full power it may spend running slower ([`PowerAction::SlackShare`]; the
+//!   first models answered a speed fraction instead, [`level_for_speed`], see
+//!   [`PowerAction`]). `hirl-full-power` is the same placement without the
+//!   actor, to show the actor's share. Placement decides first because the
 //!   power that is right depends on the node's speed and queue, while which
 //!   node is right depends little on the level (the DDQN sees the node's top
 //!   level and its lower levels' existence in its features).
@@ -31,8 +34,8 @@
 //!
 //! # Reward
 //!
-//! Latency against the task's budget, energy and deadline misses combined
-//! ([`reward`]); the trainer's replay samples experience that ended in a miss or a
+//! Latency past a margin of the task's budget, energy and deadline misses
+//! combined ([`reward`]); the trainer's replay samples experience that ended in a miss or a
 //! failure more often (failure-penalised prioritised replay).
 
 pub mod features;
@@ -43,9 +46,12 @@ pub mod reward;
 
 pub use features::{Features, FEATURES, FEATURE_NAMES, LAYOUT};
 pub use model_file::{
-    shipped, LearnedKind, ModelError, ModelFile, Networks, TrainingInfo, MODEL_FORMAT,
+    shipped, LearnedKind, ModelError, ModelFile, Networks, PowerAction, TrainingInfo, MODEL_FORMAT,
     MODEL_VERSION,
 };
 pub use network::{Activation, Dense, Mlp, Scratch, ShapeError};
-pub use policy::{level_for_speed, DecisionRecord, Exploration, LearnedPolicy};
-pub use reward::{Fate, TaskOutcome};
+pub use policy::{
+    level_for_speed, DecisionRecord, Exploration, LearnedPolicy, HIRL_FULL_POWER,
+    NO_DEADLINE_SLACK_MS,
+};
+pub use reward::{Fate, RewardShape, TaskOutcome};

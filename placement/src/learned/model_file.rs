@@ -17,6 +17,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::learned::features::{self, FEATURES, LAYOUT};
 use crate::learned::network::{Mlp, ShapeError};
+use crate::learned::reward::RewardShape;
 
 /// The `format` every model file carries.
 pub const MODEL_FORMAT: &str = "starling-model";
@@ -62,10 +63,52 @@ pub struct Networks {
     /// `hirl` a candidate is a node (seen at full power); for `ddqn` a (node, power
     /// level) pair.
     pub placement: Mlp,
-    /// HiRL's power actor (TD3): the chosen node's features in, the speed fraction
-    /// to run at out (0..1, mapped to the lowest level at least that fast).
+    /// HiRL's power actor (TD3): the chosen node's features in, an action in
+    /// 0..1 out, which [`Networks::power_action`] maps to a power level.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub power: Option<Mlp>,
+    /// What the power actor's output means (files without it: a speed fraction).
+    #[serde(default)]
+    pub power_action: PowerAction,
+}
+
+/// What HiRL's power actor answers, in 0..1.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum PowerAction {
+    /// A fraction of the node's top speed: the task runs at the lowest level at
+    /// least that fast ([`crate::learned::level_for_speed`]). The first models'
+    /// action: the same number means a safe level on one node and a late one on
+    /// another, so the actor has to learn every node's speeds and the task's
+    /// slack to choose anything below the top.
+    #[default]
+    Speed,
+    /// A share of the task's slack at full power that it may spend running
+    /// slower: 0 keeps all of it (the top level), 1 spends all of it (the
+    /// lowest level estimated to finish by the deadline), in between the lowest
+    /// level that leaves the rest.
+    /// The same number means the same risk on every node, so the actor learns
+    /// how much of the estimate's margin to keep.
+    SlackShare,
+}
+
+impl PowerAction {
+    /// The name in model files and on the command line.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PowerAction::Speed => "speed",
+            PowerAction::SlackShare => "slack-share",
+        }
+    }
+
+    /// The action named `name`, if any.
+    pub fn from_name(name: &str) -> Option<Self> {
+        match name {
+            "speed" => Some(PowerAction::Speed),
+            "slack-share" => Some(PowerAction::SlackShare),
+            _ => None,
+        }
+    }
 }
 
 /// How a model was trained: what `starling-coordinator train` was asked and
@@ -88,6 +131,14 @@ pub struct TrainingInfo {
     pub on_time_rate: f64,
     /// The command that reproduces the model.
     pub command: String,
+    /// The reward it was trained on (files without one predate the margin).
+    #[serde(default = "reward_before_the_margin")]
+    pub reward: RewardShape,
+}
+
+/// Model files written before the reward had a margin were trained on this.
+fn reward_before_the_margin() -> RewardShape {
+    RewardShape::BUDGET
 }
 
 /// A trained policy as stored.
@@ -296,7 +347,34 @@ mod tests {
             model.expect_kind(kind).unwrap();
             assert_eq!(ModelFile::from_json(&model.to_json()).unwrap(), model);
         }
-        assert!(shipped(LearnedKind::Hirl).unwrap().networks.power.is_some());
+        let hirl = shipped(LearnedKind::Hirl).unwrap();
+        assert!(hirl.networks.power.is_some());
+        assert_eq!(hirl.networks.power_action, PowerAction::SlackShare);
+        assert_eq!(hirl.training.reward, RewardShape::DEADLINE_MARGIN);
+    }
+
+    #[test]
+    fn files_from_before_the_margin_read_as_what_they_were_trained_on() {
+        // The first models' files have neither field: their actor answered a
+        // speed fraction and their reward charged every millisecond.
+        let mut json: serde_json::Value =
+            serde_json::from_str(&shipped(LearnedKind::Hirl).unwrap().to_json()).unwrap();
+        json["networks"]
+            .as_object_mut()
+            .unwrap()
+            .remove("power_action");
+        json["training"].as_object_mut().unwrap().remove("reward");
+        let old = ModelFile::from_json(&json.to_string()).unwrap();
+        assert_eq!(old.networks.power_action, PowerAction::Speed);
+        assert_eq!(old.training.reward, RewardShape::BUDGET);
+        json["networks"]["power_action"] = "fastest".into();
+        let message = ModelFile::from_json(&json.to_string())
+            .unwrap_err()
+            .to_string();
+        assert!(message.contains("fastest"), "{message}");
+        for action in [PowerAction::Speed, PowerAction::SlackShare] {
+            assert_eq!(PowerAction::from_name(action.as_str()), Some(action));
+        }
     }
 
     #[test]

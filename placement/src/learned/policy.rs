@@ -6,7 +6,7 @@ use rand_chacha::ChaCha8Rng;
 
 use crate::estimate::FilterTally;
 use crate::learned::features::{self, FEATURES};
-use crate::learned::model_file::{LearnedKind, ModelFile};
+use crate::learned::model_file::{LearnedKind, ModelFile, PowerAction};
 use crate::learned::network::{Mlp, Scratch};
 use crate::model::{ClusterView, NodeView, PendingTask};
 use crate::policy::{
@@ -66,6 +66,42 @@ pub fn level_for_speed(node: &NodeView, speed_fraction: f32) -> u8 {
         .unwrap_or_else(|| node.top_power_level())
 }
 
+/// The power level for a slack share (see [`PowerAction::SlackShare`]): the
+/// lowest level of `node` whose estimated finish leaves at least `1 − share`
+/// of the task's slack at full power, `top` (the candidate at the top level)
+/// when there is no slack. A task without a deadline is given
+/// [`NO_DEADLINE_SLACK_MS`] past its finish at full power.
+fn level_for_slack_share(
+    round: &Round<'_>,
+    node_index: usize,
+    task: &PendingTask,
+    top: &Candidate,
+    share: f32,
+) -> u8 {
+    let share = f64::from(share.clamp(0.0, 1.0));
+    let deadline = task
+        .deadline_ms
+        .map_or(top.finish_ms + NO_DEADLINE_SLACK_MS, |deadline| {
+            deadline as f64
+        });
+    let slack = deadline - top.finish_ms;
+    if slack <= 0.0 {
+        return top.power_level;
+    }
+    let latest = top.finish_ms + share * slack;
+    (0..top.power_level)
+        .find(|level| {
+            round
+                .try_level(node_index, task, *level)
+                .is_some_and(|candidate| candidate.finish_ms <= latest)
+        })
+        .unwrap_or(top.power_level)
+}
+
+/// Slack assumed for a task without a deadline, ms: what a slack share of 1
+/// may spend of it.
+pub const NO_DEADLINE_SLACK_MS: f64 = 60_000.0;
+
 /// A learned placement policy: `hirl` (DDQN placement, then TD3 power) or `ddqn`
 /// (one DDQN over (node, level) pairs).
 ///
@@ -81,7 +117,14 @@ pub struct LearnedPolicy {
     exploration: Option<Exploration>,
     recording: bool,
     records: Vec<DecisionRecord>,
+    /// HiRL's placement alone: the power actor is not asked, every task runs
+    /// at its node's top level (the ablation that shows the actor's share).
+    full_power: bool,
+    power_action: PowerAction,
 }
+
+/// The registry name of HiRL's placement network run without its power actor.
+pub const HIRL_FULL_POWER: &str = "hirl-full-power";
 
 impl LearnedPolicy {
     /// A policy driven by a checked model; `seed` feeds the shortlist's sample.
@@ -92,6 +135,7 @@ impl LearnedPolicy {
             model.networks.power.clone(),
             seed,
         )
+        .with_power_action(model.networks.power_action)
     }
 
     /// A policy from bare networks (the trainer's, between updates). The networks
@@ -106,7 +150,24 @@ impl LearnedPolicy {
             exploration: None,
             recording: false,
             records: Vec::new(),
+            full_power: false,
+            power_action: PowerAction::Speed,
         }
+    }
+
+    /// Sets what the power actor's output means (a model file says; see
+    /// [`PowerAction`]).
+    pub fn with_power_action(mut self, action: PowerAction) -> Self {
+        self.power_action = action;
+        self
+    }
+
+    /// HiRL's placement alone ([`HIRL_FULL_POWER`]): the power actor is never
+    /// asked and every task runs at full power. No effect on `ddqn`, whose
+    /// levels are part of its placement.
+    pub fn at_full_power(mut self) -> Self {
+        self.full_power = self.kind == LearnedKind::Hirl;
+        self
     }
 
     /// Replaces the networks (the trainer, after an update).
@@ -192,7 +253,11 @@ impl LearnedPolicy {
 
 impl Policy for LearnedPolicy {
     fn name(&self) -> &'static str {
-        self.kind.as_str()
+        if self.full_power {
+            HIRL_FULL_POWER
+        } else {
+            self.kind.as_str()
+        }
     }
 
     fn decide(&mut self, view: &ClusterView, queue: &[PendingTask]) -> Vec<Decision> {
@@ -271,15 +336,27 @@ impl Policy for LearnedPolicy {
                 .get(chosen * FEATURES..(chosen + 1) * FEATURES)
                 .unwrap_or(&[]);
             let mut power_action = None;
-            if let (LearnedKind::Hirl, Some(power)) = (self.kind, &self.power) {
+            let actor = self.power.as_ref().filter(|_| !self.full_power);
+            if let (LearnedKind::Hirl, Some(power)) = (self.kind, actor) {
                 let mut action = power.forward1(chosen_features, &mut self.scratch);
                 if let Some(exploration) = self.exploration {
                     action += (crate::sim::normal(&mut self.rng) * exploration.power_noise) as f32;
                     action = action.clamp(0.0, 1.0);
                 }
                 power_action = Some(action);
-                if let Some((node, _)) = round.node(picked.node) {
-                    let level = level_for_speed(node, action);
+                let level = match self.power_action {
+                    PowerAction::Speed => round
+                        .node(picked.node)
+                        .map(|(node, _)| level_for_speed(node, action)),
+                    PowerAction::SlackShare => Some(level_for_slack_share(
+                        &round,
+                        picked.node,
+                        task,
+                        &picked,
+                        action,
+                    )),
+                };
+                if let Some(level) = level.filter(|level| *level != picked.power_level) {
                     if let Some(mut at_level) = round.try_level(picked.node, task, level) {
                         at_level.score = picked.score;
                         picked = at_level;
@@ -311,10 +388,14 @@ impl Policy for LearnedPolicy {
                 .unwrap_or_default();
             let how = match (self.kind, power_action) {
                 (LearnedKind::Hirl, Some(action)) => format!(
-                    "DDQN value {:.3}, the best of {} nodes; TD3 power actor asked for {:.0}% speed",
+                    "DDQN value {:.3}, the best of {} nodes; TD3 power actor asked for {:.0}% {}",
                     picked.score,
                     candidates.len(),
-                    action * 100.0
+                    action * 100.0,
+                    match self.power_action {
+                        PowerAction::Speed => "speed",
+                        PowerAction::SlackShare => "of the slack",
+                    }
                 ),
                 _ => format!(
                     "DDQN value {:.3}, the best of {} (node, level) pairs",
@@ -402,6 +483,61 @@ mod tests {
             assert_eq!(records[0].power_action.is_some(), kind == LearnedKind::Hirl);
             assert!(policy.take_records().is_empty());
         }
+    }
+
+    #[test]
+    fn a_slack_share_spends_that_share_of_the_slack_and_never_the_deadline() {
+        // 1 s of work on a reference core: ~1.09 s to finish at full power
+        // (transfers included), ~2.09 s at the half-speed level.
+        let view = ClusterView {
+            now_ms: 0,
+            nodes: vec![node("n", 4.0, 1.0)],
+        };
+        let round = Round::new(&view);
+        let level = |deadline_ms: Option<u64>, share: f32| {
+            let mut t = task(1, TaskClass::Cpu);
+            t.deadline_ms = deadline_ms;
+            let top = round.try_level(0, &t, 1).unwrap();
+            level_for_slack_share(&round, 0, &t, &top, share)
+        };
+        // Plenty of slack (about 8.9 s): a fifth of it covers the slow level,
+        // a twentieth does not, and none keeps the top.
+        assert_eq!(level(Some(10_000), 0.2), 0);
+        assert_eq!(level(Some(10_000), 0.05), 1);
+        assert_eq!(level(Some(10_000), 0.0), 1);
+        // The slow level would miss a 1.5 s deadline even with all the slack.
+        assert_eq!(level(Some(1_500), 1.0), 1);
+        // Already late at full power: full power.
+        assert_eq!(level(Some(500), 1.0), 1);
+        // No deadline: a minute of slack is assumed.
+        assert_eq!(level(None, 0.1), 0);
+        // Out-of-range actions are clamped.
+        assert_eq!(level(Some(10_000), 7.0), 0);
+        assert_eq!(level(Some(10_000), -1.0), 1);
+    }
+
+    #[test]
+    fn hirl_full_power_never_asks_the_actor() {
+        let view = ClusterView {
+            now_ms: 0,
+            nodes: vec![node("n", 4.0, 1.0)],
+        };
+        let mut t = task(1, TaskClass::Cpu);
+        t.deadline_ms = Some(60_000);
+        let model = shipped(LearnedKind::Hirl).unwrap();
+        let mut with_actor = LearnedPolicy::new(&model, 1);
+        let mut alone = LearnedPolicy::new(&model, 1).at_full_power();
+        assert_eq!(alone.name(), HIRL_FULL_POWER);
+        let placed = |decisions: Vec<Decision>| match decisions[0].outcome {
+            Outcome::Place { power_level, .. } => power_level,
+            Outcome::Hold { .. } => panic!("held: {decisions:?}"),
+        };
+        assert_eq!(placed(alone.decide(&view, &[t.clone()])), 1);
+        // A minute of slack for one second of work: the shipped actor slows down.
+        assert_eq!(placed(with_actor.decide(&view, &[t])), 0);
+        // The ablation means nothing for the single DDQN, whose levels are its placement.
+        let ddqn = LearnedPolicy::new(&shipped(LearnedKind::Ddqn).unwrap(), 1).at_full_power();
+        assert_eq!(ddqn.name(), "ddqn");
     }
 
     #[test]

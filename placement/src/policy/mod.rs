@@ -14,7 +14,7 @@ mod published;
 use serde::{Deserialize, Serialize};
 
 use crate::estimate::{self, FilterTally, Incompatible};
-use crate::learned::{shipped, LearnedKind, LearnedPolicy, ModelError, ModelFile};
+use crate::learned::{shipped, LearnedKind, LearnedPolicy, ModelError, ModelFile, HIRL_FULL_POWER};
 use crate::model::{ClusterView, NodeLoad, NodeView, PendingTask};
 
 pub use baselines::{
@@ -174,7 +174,11 @@ pub const POLICY_NAMES: &[&str] = &[
     "edgecloudsim-default",
 ];
 
-/// A policy name that is not in [`POLICY_NAMES`].
+/// Policies that take a part of another away to show that part's share (not
+/// run unless named): HiRL's placement network without its power actor.
+pub const ABLATION_POLICIES: &[&str] = &[HIRL_FULL_POWER];
+
+/// A policy name that is not in [`POLICY_NAMES`] or [`ABLATION_POLICIES`].
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("unknown placement policy {name:?}; valid names: {}", valid.join(", "))]
 pub struct UnknownPolicy {
@@ -216,7 +220,13 @@ pub fn policy_with_tuning(
     tuning: &HeuristicTuning,
     models: &[ModelFile],
 ) -> Result<Box<dyn Policy>, PolicyError> {
-    if let Some(kind) = LearnedKind::from_name(name) {
+    let full_power = name == HIRL_FULL_POWER;
+    let learned = if full_power {
+        Some(LearnedKind::Hirl)
+    } else {
+        LearnedKind::from_name(name)
+    };
+    if let Some(kind) = learned {
         let model = match models.iter().find(|model| model.policy == kind) {
             Some(model) => model.clone(),
             None => shipped(kind).map_err(|error| PolicyError::Model {
@@ -224,7 +234,12 @@ pub fn policy_with_tuning(
                 error,
             })?,
         };
-        return Ok(Box::new(LearnedPolicy::new(&model, seed)));
+        let policy = LearnedPolicy::new(&model, seed);
+        return Ok(Box::new(if full_power {
+            policy.at_full_power()
+        } else {
+            policy
+        }));
     }
     let policy: Box<dyn Policy> = match name.trim().to_ascii_lowercase().as_str() {
         "heuristic" => Box::new(HeuristicPolicy::with_tuning(
@@ -250,7 +265,11 @@ pub fn policy_with_tuning(
         _ => {
             return Err(UnknownPolicy {
                 name: name.to_owned(),
-                valid: POLICY_NAMES.iter().map(|name| (*name).to_owned()).collect(),
+                valid: POLICY_NAMES
+                    .iter()
+                    .chain(ABLATION_POLICIES)
+                    .map(|name| (*name).to_owned())
+                    .collect(),
             }
             .into())
         }
@@ -572,11 +591,15 @@ mod tests {
         let error = policy_by_name("fastest", 0).err().unwrap();
         let text = error.to_string();
         assert!(text.contains("\"fastest\""), "{text}");
-        for name in POLICY_NAMES {
+        for name in POLICY_NAMES.iter().chain(ABLATION_POLICIES) {
             assert!(text.contains(name), "{text}");
             assert_eq!(policy_by_name(name, 0).unwrap().name(), *name);
         }
         assert_eq!(POLICY_NAMES[0], "heuristic");
+        assert!(
+            !POLICY_NAMES.contains(&HIRL_FULL_POWER),
+            "ablations run only when named"
+        );
     }
 
     #[test]
@@ -703,7 +726,7 @@ mod tests {
         let view = two_nodes();
         let mut t = task(9, TaskClass::Gpu);
         t.demand.gpu = true;
-        for name in POLICY_NAMES {
+        for name in POLICY_NAMES.iter().chain(ABLATION_POLICIES) {
             let decisions = policy_by_name(name, 0).unwrap().decide(&view, &[t.clone()]);
             assert_eq!(
                 decisions[0].outcome,
@@ -824,7 +847,7 @@ mod tests {
             count("arch", 3, &["arm-1", "arm-2", "arm-3"]),
             count("offline", 2, &["off-1", "off-2"]),
         ];
-        for name in POLICY_NAMES {
+        for name in POLICY_NAMES.iter().chain(ABLATION_POLICIES) {
             let decision = policy_by_name(name, 7)
                 .unwrap()
                 .decide(&view, &[x86_task(1)])
@@ -883,7 +906,7 @@ mod tests {
             count("arch", 3, &["arm-1", "arm-2", "arm-3"]),
             count("offline", 2, &["off-1", "off-2"]),
         ];
-        for name in POLICY_NAMES {
+        for name in POLICY_NAMES.iter().chain(ABLATION_POLICIES) {
             let decision = policy_by_name(name, 7)
                 .unwrap()
                 .decide(&view, &[x86_task(1)])
