@@ -628,4 +628,23 @@ fn train_writes_a_model_that_serve_runs_and_bad_models_are_refused() {
         .unwrap();
     assert_eq!(output.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&output.stderr).contains("--load \"extreme\""));
+    for (flag, value, says) in [
+        (
+            "--latency-margin",
+            "1",
+            "--latency-margin 1: expected a share",
+        ),
+        ("--latency-margin", "NaN", "--latency-margin NaN"),
+        ("--power-action", "fastest", "--power-action \"fastest\""),
+    ] {
+        let output = Command::new(COORDINATOR)
+            .args(["train", "--policy", "hirl", flag, value, "--out"])
+            .arg(dir.path().join("x.json"))
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(output.status.code(), Some(2), "{flag} {value}: {stderr}");
+        assert!(stderr.contains(says), "{flag} {value}: {stderr}");
+        assert!(!dir.path().join("x.json").exists(), "nothing written");
+    }
 }
