@@ -362,7 +362,7 @@ fn placement_policy(
     let mut models = Vec::new();
     if let Some(path) = &config.model {
         let model = models::read(path)?;
-        let wanted = starling_placement::learned::LearnedKind::from_name(&config.policy);
+        let wanted = starling_placement::policy::model_kind(&config.policy);
         if wanted != Some(model.policy) {
             return Err(StartError::ModelPolicy {
                 path: path.clone(),

@@ -595,6 +595,17 @@ fn train_writes_a_model_that_serve_runs_and_bad_models_are_refused() {
         error.contains("drives policy ddqn") && error.contains("--policy is hirl"),
         "{error}"
     );
+    // HiRL's placement alone runs on a HiRL model, so a ddqn one is refused too.
+    let error = with(&[
+        "--policy",
+        "hirl-full-power",
+        "--model",
+        model.to_str().unwrap(),
+    ]);
+    assert!(
+        error.contains("drives policy ddqn") && error.contains("--policy is hirl-full-power"),
+        "{error}"
+    );
     // Another feature layout: named, with what to do about it.
     let renamed = dir.path().join("renamed.json");
     std::fs::write(&renamed, text.replace("\"node.fit\"", "\"node.fitness\"")).unwrap();

@@ -205,6 +205,16 @@ pub enum PolicyError {
     },
 }
 
+/// Which model a policy name runs on: `hirl` and `hirl-full-power` a HiRL
+/// model, `ddqn` a single-DDQN one, any other name none.
+pub fn model_kind(name: &str) -> Option<LearnedKind> {
+    if name == HIRL_FULL_POWER {
+        Some(LearnedKind::Hirl)
+    } else {
+        LearnedKind::from_name(name)
+    }
+}
+
 /// Builds a policy by name; `seed` feeds the policies that draw random numbers.
 /// The learned policies (`hirl`, `ddqn`) run the models shipped with Starling.
 pub fn policy_by_name(name: &str, seed: u64) -> Result<Box<dyn Policy>, PolicyError> {
@@ -221,12 +231,7 @@ pub fn policy_with_tuning(
     models: &[ModelFile],
 ) -> Result<Box<dyn Policy>, PolicyError> {
     let full_power = name == HIRL_FULL_POWER;
-    let learned = if full_power {
-        Some(LearnedKind::Hirl)
-    } else {
-        LearnedKind::from_name(name)
-    };
-    if let Some(kind) = learned {
+    if let Some(kind) = model_kind(name) {
         let model = match models.iter().find(|model| model.policy == kind) {
             Some(model) => model.clone(),
             None => shipped(kind).map_err(|error| PolicyError::Model {
