@@ -47,10 +47,21 @@ static BUILD: Once = Once::new();
 fn cargo_build(args: &[&str], release_args: &[&str], what: &str) {
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     let mut command = Command::new(cargo);
-    command
-        .current_dir(workspace_root())
-        .args(["build", "--quiet"])
-        .args(args);
+    command.current_dir(workspace_root());
+    // This build must see the environment scripts/test's own build saw, or
+    // cargo takes the difference for a change and compiles again (and the
+    // next outer build again after it). cargo test sets the package's
+    // variables for the test process (a crate that reads CARGO_MANIFEST_DIR
+    // with env!, as ring does, was rebuilt with everything above it: 45 s per
+    // test binary), and scripts/test-runner sets RUSTC_BOOTSTRAP for the
+    // test process alone (with it, everything would rebuild).
+    for (name, _) in std::env::vars_os() {
+        let name = name.to_string_lossy();
+        if name == "RUSTC_BOOTSTRAP" || package_variable(&name) {
+            command.env_remove(name.as_ref());
+        }
+    }
+    command.args(["build", "--quiet"]).args(args);
     if release() {
         command.arg("--release").args(release_args);
     }
@@ -58,6 +69,24 @@ fn cargo_build(args: &[&str], release_args: &[&str], what: &str) {
         .status()
         .unwrap_or_else(|e| panic!("run cargo build for {what}: {e}"));
     assert!(status.success(), "building {what} failed");
+}
+
+/// Whether `name` is one of the variables cargo sets for the package whose
+/// tests run (not one that configures cargo, such as `CARGO_HOME` or
+/// `CARGO_TARGET_DIR`, which the inner build must keep).
+fn package_variable(name: &str) -> bool {
+    name.starts_with("CARGO_PKG_")
+        || matches!(
+            name,
+            "CARGO_MANIFEST_DIR"
+                | "CARGO_MANIFEST_PATH"
+                | "CARGO_MANIFEST_LINKS"
+                | "CARGO_CRATE_NAME"
+                | "CARGO_BIN_NAME"
+                | "CARGO_PRIMARY_PACKAGE"
+                | "CARGO_TARGET_TMPDIR"
+                | "CARGO_RUSTC_CURRENT_DIR"
+        )
 }
 
 /// Where a binary built by [`cargo_build`] lies, checked to exist.
@@ -1710,4 +1739,35 @@ pub fn machine_cpus_and_memory() -> (u64, u64) {
         .and_then(|n| n.parse().ok())
         .unwrap();
     (cpus, kib * 1024)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::package_variable;
+
+    #[test]
+    fn the_inner_build_drops_the_packages_variables_and_keeps_cargos_settings() {
+        for name in [
+            "CARGO_MANIFEST_DIR",
+            "CARGO_MANIFEST_PATH",
+            "CARGO_PKG_NAME",
+            "CARGO_PKG_VERSION",
+            "CARGO_CRATE_NAME",
+            "CARGO_PRIMARY_PACKAGE",
+            "CARGO_TARGET_TMPDIR",
+        ] {
+            assert!(package_variable(name), "{name} is the package's");
+        }
+        for name in [
+            "CARGO",
+            "CARGO_HOME",
+            "CARGO_TARGET_DIR",
+            "CARGO_INCREMENTAL",
+            "CARGO_PROFILE_DEV_DEBUG",
+            "CARGO_TARGET_X86_64_UNKNOWN_LINUX_GNU_RUNNER",
+            "PATH",
+        ] {
+            assert!(!package_variable(name), "{name} configures cargo");
+        }
+    }
 }
