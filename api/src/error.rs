@@ -83,6 +83,9 @@ error_codes! {
     InvalidArgs = "invalid_args" => 400,
     /// A demand that no node could meet or that makes no sense.
     InvalidDemand = "invalid_demand" => 400,
+    /// No node of the site could run the task, whatever its load (without
+    /// `wait_for_node`).
+    NoCapableNode = "no_capable_node" => 422,
     /// Limits out of range.
     InvalidLimits = "invalid_limits" => 400,
     /// A work estimate that is not a positive number.

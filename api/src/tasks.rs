@@ -44,6 +44,12 @@ pub struct SubmitTask {
     /// when absent. Given here, it replaces `limits.grants`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub grants: Option<TaskGrants>,
+    /// Accept the task even though no node of the site could run it (no
+    /// node has its runtime, device, memory...): it waits, parked with the
+    /// reasons in its explanation, until one that can joins. Without it
+    /// such a submission is refused with `no_capable_node` (422).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub wait_for_node: bool,
 }
 
 /// The most tasks one `POST /api/v1/tasks:batch` takes.

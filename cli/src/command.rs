@@ -345,6 +345,10 @@ pub struct RunArgs {
     /// Wait for the task to end and print its output.
     #[arg(long)]
     pub wait: bool,
+    /// Keep the task, parked, even if no node of the site can run it now
+    /// (without this the coordinator refuses it with `no_capable_node`).
+    #[arg(long)]
+    pub wait_for_node: bool,
 }
 
 /// A CLI failure with the exit status it maps to.
@@ -861,6 +865,7 @@ async fn run_task(cli: &Cli, client: &Client, args: &RunArgs) -> Result<i32, Cli
         limits,
         work_seconds: manifest.as_ref().and_then(|m| m.work_seconds),
         grants: manifest.as_ref().map(|m| m.grants),
+        wait_for_node: args.wait_for_node,
     };
     let task = client.submit(&submission).await?;
     if !args.wait {

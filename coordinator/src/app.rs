@@ -142,6 +142,8 @@ pub(crate) struct Shared {
     pub(crate) feed: crate::live::Feed,
     /// The console's sessions and sparkline history.
     pub(crate) console: http::console::Console,
+    /// The REST API's connection cap, and what it closed.
+    pub(crate) connections: http::connections::ConnectionLimit,
 }
 
 /// Counters exported on `GET /metrics`.
@@ -170,6 +172,8 @@ pub(crate) struct Counters {
         [std::sync::atomic::AtomicU64; domain::reports::ReportRefused::REASONS.len()],
     /// How far ingest is behind: messages waiting, and for how long.
     pub(crate) ingest: crate::mqtt::handler::IngestLoad,
+    /// Pending tasks parked for want of a node that could run them.
+    pub(crate) tasks_parked: std::sync::atomic::AtomicU64,
     /// How long each scheduling round's placement decision took.
     pub(crate) placement_decisions: loops::scheduler::DecisionTimes,
 }
@@ -391,6 +395,17 @@ pub async fn start(config: CoordinatorConfig) -> Result<Running, StartError> {
     let topics = starling_proto::Topics::new(&config.topic_prefix)?;
     let policy = placement_policy(&config)?;
 
+    // Before anything opens descriptors: the soft limit raised to the hard
+    // one, and the API's connection cap set below what is left.
+    let descriptors = http::connections::raise_descriptor_limit();
+    let connection_cap = http::connections::connection_cap(http::MAX_CONNECTIONS, descriptors);
+    tracing::info!(
+        descriptor_limit = ?descriptors,
+        connection_cap,
+        "REST connections capped"
+    );
+    let connections = http::connections::ConnectionLimit::new(connection_cap);
+
     let rest_listener = tokio::net::TcpListener::bind(config.listen)
         .await
         .map_err(|error| StartError::Listen {
@@ -589,6 +604,7 @@ pub async fn start(config: CoordinatorConfig) -> Result<Running, StartError> {
         publisher,
         feed,
         console: http::console::Console::new(config.rest_tls.is_some()),
+        connections: connections.clone(),
     });
     let (stop, stop_rx) = watch::channel(false);
     let (messages_tx, messages_rx) =
@@ -692,7 +708,14 @@ pub async fn start(config: CoordinatorConfig) -> Result<Running, StartError> {
             // not wait out its grace period on them.
             feed.close();
         };
-        let served = http::serve(rest_listener, router, rest_tls_config, shutdown).await;
+        let served = http::serve(
+            rest_listener,
+            router,
+            rest_tls_config,
+            connections,
+            shutdown,
+        )
+        .await;
         if let Err(error) = served {
             tracing::error!(%error, "REST server stopped");
         }

@@ -232,6 +232,13 @@ pub fn check_static(node: &NodeView, task: &PendingTask) -> Result<(), Incompati
     if !node.online {
         return Err(Incompatible::Offline);
     }
+    check_capable(node, task)
+}
+
+/// The static hard filters but the node's being online: whether the node,
+/// idle and online, could take the task at all (runtime, architecture,
+/// labels, OpenCL device, memory).
+pub fn check_capable(node: &NodeView, task: &PendingTask) -> Result<(), Incompatible> {
     if !node.runtimes.contains(&task.constraints.runtime) {
         return Err(Incompatible::Runtime);
     }

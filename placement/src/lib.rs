@@ -12,6 +12,7 @@
 //! policy cannot finish in time should go to a peer; the simulator's
 //! multi-site mode ([`sim::run_sites`]) runs the same code.
 
+pub mod capable;
 pub mod estimate;
 pub mod federation;
 pub mod learned;

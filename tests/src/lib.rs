@@ -507,6 +507,36 @@ impl Coordinator {
     /// an external one, with the given store and extra flags. It listens on
     /// 127.0.0.1 unless `extra` holds its own `--listen`.
     pub fn start(broker: Option<&str>, store: Store, extra: &[&str]) -> Self {
+        let (dir, token, args) = Self::serve_args(broker, store, extra);
+        Self::launch(binary("starling-coordinator"), args, dir, Some(token))
+    }
+
+    /// [`Coordinator::start`] under a descriptor limit of `nofile` (soft
+    /// and hard, through util-linux's `prlimit`), as systemd's default soft
+    /// limit of 1,024 would leave it without `LimitNOFILE`.
+    pub fn start_with_descriptor_limit(
+        nofile: u64,
+        broker: Option<&str>,
+        store: Store,
+        extra: &[&str],
+    ) -> Self {
+        let (dir, token, serve) = Self::serve_args(broker, store, extra);
+        let mut args: Vec<std::ffi::OsString> = vec![
+            format!("--nofile={nofile}:{nofile}").into(),
+            "--".into(),
+            binary("starling-coordinator").into(),
+        ];
+        args.extend(serve);
+        Self::launch(PathBuf::from("prlimit"), args, dir, Some(token))
+    }
+
+    /// A data directory, an admin token and the `serve` arguments of
+    /// [`Coordinator::start`].
+    fn serve_args(
+        broker: Option<&str>,
+        store: Store,
+        extra: &[&str],
+    ) -> (TempDir, String, Vec<std::ffi::OsString>) {
         let dir = TempDir::new().unwrap();
         let token = random_token();
         let mut args: Vec<std::ffi::OsString> = vec!["serve".into()];
@@ -527,7 +557,7 @@ impl Coordinator {
             args.extend(["--db".into(), url.into()]);
         }
         args.extend(extra.iter().map(Into::into));
-        Self::launch(binary("starling-coordinator"), args, dir, Some(token))
+        (dir, token, args)
     }
 
     /// Starts a coordinator inside network namespace `ns`, its REST API on

@@ -8,6 +8,7 @@
 //! `starling_api`'s.
 
 mod auth;
+pub(crate) mod connections;
 pub(crate) mod console;
 pub mod error;
 mod handlers;
@@ -136,17 +137,27 @@ pub const HEADER_READ_TIMEOUT: std::time::Duration = std::time::Duration::from_s
 /// and falls behind the live feed's ring sooner (then it gets a `reset`).
 const MAX_CONNECTION_BUFFER: usize = 64 * 1024;
 
+/// The most connections the API holds open at once, unless the descriptor
+/// limit leaves less room ([`connections::connection_cap`]; the packaged
+/// unit sets `LimitNOFILE=65536`). At the cap, the oldest connection that
+/// has not sent a byte is closed to make room.
+pub const MAX_CONNECTIONS: usize = 4096;
+
 /// How long requests in flight may finish after `shutdown` resolves.
 const SHUTDOWN_GRACE: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// Serves the API (over HTTPS with `tls`) until `shutdown` resolves, then
 /// lets requests in flight finish for up to [`SHUTDOWN_GRACE`]. Both
 /// schemes go through axum-server, because `axum::serve` does not expose
-/// hyper's builder and so cannot set [`HEADER_READ_TIMEOUT`].
+/// hyper's builder and so cannot set [`HEADER_READ_TIMEOUT`]. `connections`
+/// caps the connections open at once; a connection's first request must
+/// arrive within [`HEADER_READ_TIMEOUT`] of its accept (of its handshake,
+/// under TLS), so one that sends nothing is closed too.
 pub(crate) async fn serve(
     listener: tokio::net::TcpListener,
     router: Router,
     tls: Option<Arc<rustls::ServerConfig>>,
+    connections: connections::ConnectionLimit,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
     let handle = axum_server::Handle::new();
@@ -159,7 +170,9 @@ pub(crate) async fn serve(
     let service = router.into_make_service();
     match tls {
         None => {
-            let mut server = axum_server::from_tcp(listener)?;
+            let mut server = axum_server::from_tcp(listener)?
+                .acceptor(connections)
+                .first_request_timeout(HEADER_READ_TIMEOUT);
             // axum-server installs the timer this needs and turns hyper's
             // own default off; set ours.
             server
@@ -171,7 +184,9 @@ pub(crate) async fn serve(
         }
         Some(tls) => {
             let config = axum_server::tls_rustls::RustlsConfig::from_config(tls);
-            let mut server = axum_server::from_tcp_rustls(listener, config)?;
+            let mut server = axum_server::from_tcp_rustls(listener, config)?
+                .map(|tls| tls.acceptor(connections))
+                .first_request_timeout(HEADER_READ_TIMEOUT);
             // axum-server installs the timer this needs and turns hyper's
             // own default off; set ours.
             server

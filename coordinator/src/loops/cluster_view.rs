@@ -3,6 +3,7 @@
 //! queue. The scheduler places from it; the federation's site digest is
 //! computed from the same snapshot.
 
+use starling_placement::capable::{incapable, Scope};
 use starling_placement::{ClusterView, Constraints, Demand, NodeView, PendingTask, TaskClass};
 use starling_proto::{NodeId, Runtime, WasmEngine};
 
@@ -10,7 +11,7 @@ use std::sync::Arc;
 
 use crate::precompile::Precompile;
 use crate::registry::{NodeRegistry, Registry};
-use crate::store::{Store, StoreError, TaskRecord};
+use crate::store::{NewTask, Store, StoreError, TaskRecord};
 use crate::task::{unix_now_ms, TaskKind, TaskStatus};
 
 /// Most pending tasks handed to the policy in one round.
@@ -27,9 +28,14 @@ fn placement_class(kind: TaskKind) -> TaskClass {
     }
 }
 
-/// The placement engine's view of a stored task.
-pub fn pending_task(key: u64, record: &TaskRecord) -> PendingTask {
-    let spec = &record.spec;
+/// Windows of the queue one round reads at most while it looks past
+/// parked tasks for work to place: 64 × 256 tasks, some milliseconds of
+/// reads; a queue with more unrunnable tasks than that is parked over
+/// several rounds.
+pub(crate) const MAX_WINDOWS_PER_ROUND: usize = 64;
+
+/// The placement engine's view of a task.
+pub fn pending_task(key: u64, spec: &NewTask) -> PendingTask {
     PendingTask {
         key,
         class: placement_class(spec.class),
@@ -150,18 +156,61 @@ pub(crate) struct ViewSource {
 }
 
 impl ViewSource {
-    /// The view the policy and the site digest are computed from.
-    pub(crate) async fn snapshot(&self, pending: Vec<TaskRecord>) -> Result<Snapshot, StoreError> {
-        let now_ms = unix_now_ms();
-        let (view, ids) = cluster_view(
+    /// The nodes as the policy sees them now, without the work in flight.
+    pub(crate) fn nodes(&self) -> (ClusterView, Vec<ViewNode>) {
+        cluster_view(
             &self.registry.read(),
             self.node_timeout_ms,
-            now_ms,
+            unix_now_ms(),
             |wasm| self.precompile.serves(wasm),
-        );
+        )
+    }
+
+    /// The view the policy and the site digest are computed from.
+    pub(crate) async fn snapshot(&self, pending: Vec<TaskRecord>) -> Result<Snapshot, StoreError> {
+        let (view, ids) = self.nodes();
+        self.snapshot_of(view, ids, pending).await
+    }
+
+    /// [`ViewSource::snapshot`] over nodes already read with
+    /// [`ViewSource::nodes`].
+    pub(crate) async fn snapshot_of(
+        &self,
+        view: ClusterView,
+        ids: Vec<ViewNode>,
+        pending: Vec<TaskRecord>,
+    ) -> Result<Snapshot, StoreError> {
         let in_flight = self.store.in_flight_tasks(IN_FLIGHT_WINDOW).await?;
         Ok(assemble(view, ids, &in_flight, pending))
     }
+}
+
+/// One window of the queue, sorted: the tasks some online node of `view`
+/// could take (or that may go to another site: `forwardable`), in queue
+/// order, and the ids of those none could, each with the explanation it is
+/// parked with.
+pub(crate) fn sort_window(
+    view: &ClusterView,
+    window: Vec<TaskRecord>,
+    forwardable: impl Fn(&TaskRecord) -> bool,
+) -> (Vec<TaskRecord>, Vec<(String, serde_json::Value)>) {
+    let mut runnable = Vec::with_capacity(window.len());
+    let mut parked = Vec::new();
+    for record in window {
+        if forwardable(&record) {
+            runnable.push(record);
+            continue;
+        }
+        match incapable(view, &pending_task(0, &record.spec), Scope::Online) {
+            None => runnable.push(record),
+            Some(why) => {
+                let explanation = serde_json::to_value(&why)
+                    .unwrap_or_else(|error| serde_json::json!({ "error": error.to_string() }));
+                parked.push((record.spec.id, explanation));
+            }
+        }
+    }
+    (runnable, parked)
 }
 
 /// The snapshot from a view of the nodes, the work in flight and the pending
@@ -201,13 +250,13 @@ pub(crate) fn assemble(
         if record.status == TaskStatus::Running && reported {
             continue;
         }
-        let task = pending_task(u64::MAX, record);
+        let task = pending_task(u64::MAX, &record.spec);
         view.commit(index, &task, record.power_level.unwrap_or(0));
     }
     let queue = pending
         .iter()
         .enumerate()
-        .map(|(index, record)| pending_task(index as u64, record))
+        .map(|(index, record)| pending_task(index as u64, &record.spec))
         .collect();
     Snapshot {
         view,

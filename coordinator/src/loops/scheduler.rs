@@ -7,11 +7,14 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use starling_placement::Policy;
+use starling_placement::capable::fleet_fingerprint;
+use starling_placement::{ClusterView, Policy};
 use tokio::sync::{watch, Notify};
 
 use crate::federation::Federation;
-use crate::loops::cluster_view::{withhold_behind, Snapshot, ViewSource, QUEUE_WINDOW};
+use crate::loops::cluster_view::{
+    sort_window, withhold_behind, Snapshot, ViewSource, MAX_WINDOWS_PER_ROUND, QUEUE_WINDOW,
+};
 use crate::loops::round::{Round, Step};
 use crate::mqtt::publish::{ArtifactPublishers, Publisher};
 use crate::store::{OutboxEntry, Placement, StoreError, TaskRecord};
@@ -174,7 +177,14 @@ impl Scheduler {
             );
             return Ok(RoundSummary::default());
         }
-        let pending = store.pending_tasks(QUEUE_WINDOW).await?;
+        let sites = self
+            .federation
+            .as_ref()
+            .map(|federation| federation.remote_sites(&[]))
+            .unwrap_or_default();
+        let mut round = Round::new(sites, unix_now_ms());
+        let (nodes, ids) = self.views.nodes();
+        let pending = self.read_queue(&nodes, &round).await?;
         if pending.is_empty() {
             return Ok(RoundSummary::default());
         }
@@ -184,7 +194,7 @@ impl Scheduler {
             pending,
             queue,
             unanswered,
-        } = self.views.snapshot(pending).await?;
+        } = self.views.snapshot_of(nodes, ids, pending).await?;
         let behind = withhold_behind(&mut view, &unanswered, MAX_UNANSWERED);
         if behind > 0 {
             tracing::debug!(
@@ -193,12 +203,6 @@ impl Scheduler {
             );
         }
         let now_ms = view.now_ms;
-        let sites = self
-            .federation
-            .as_ref()
-            .map(|federation| federation.remote_sites(&[]))
-            .unwrap_or_default();
-        let mut round = Round::new(sites, now_ms);
         let started = Instant::now();
         let decisions = policy.decide(&view, &queue);
         self.publisher
@@ -282,6 +286,54 @@ impl Scheduler {
             .place(&pending, &placements, &placed_tasks, now_ms)
             .await?;
         Ok(summary)
+    }
+
+    /// The queue the policy sees this round: up to [`QUEUE_WINDOW`] pending
+    /// tasks, oldest first, that some online node of `nodes` could take or
+    /// that may go to another site. It reads on past the tasks none could
+    /// take, parking them (with why) so that no later round reads them again
+    /// until the fleet changes: however many of them there are, work behind
+    /// them is placed (within [`MAX_WINDOWS_PER_ROUND`] windows a round).
+    async fn read_queue(
+        &self,
+        nodes: &ClusterView,
+        round: &Round,
+    ) -> Result<Vec<TaskRecord>, ScheduleError> {
+        let store = &self.views.store;
+        let fleet = fleet_fingerprint(nodes).cast_signed();
+        let mut queue: Vec<TaskRecord> = Vec::new();
+        let mut after: Option<(u64, String)> = None;
+        for _ in 0..MAX_WINDOWS_PER_ROUND {
+            let window = store
+                .schedulable_tasks(
+                    QUEUE_WINDOW,
+                    fleet,
+                    after.as_ref().map(|(ms, id)| (*ms, id.as_str())),
+                )
+                .await?;
+            let last_window = window.len() < QUEUE_WINDOW as usize;
+            after = window
+                .last()
+                .map(|record| (record.spec.created_ms, record.spec.id.clone()));
+            let (runnable, parked) = sort_window(nodes, window, |record| round.may_forward(record));
+            if !parked.is_empty() {
+                tracing::info!(
+                    tasks = parked.len(),
+                    "no online node can run these tasks; parked until the fleet changes"
+                );
+                self.publisher
+                    .counters
+                    .tasks_parked
+                    .fetch_add(parked.len() as u64, Ordering::Relaxed);
+            }
+            store.park_tasks(&parked, fleet).await?;
+            queue.extend(runnable);
+            if last_window || queue.len() >= QUEUE_WINDOW as usize {
+                break;
+            }
+        }
+        queue.truncate(QUEUE_WINDOW as usize);
+        Ok(queue)
     }
 
     /// Records a round's placements in one transaction, each with its first

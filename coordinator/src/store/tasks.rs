@@ -315,6 +315,61 @@ impl Store {
         .await
     }
 
+    /// Pending tasks, oldest first, after `after` (the `created_ms` and id
+    /// of the last one a previous call returned), leaving out those parked
+    /// on the fleet whose fingerprint is `fleet`: the scheduler's queue,
+    /// read a window at a time.
+    pub async fn schedulable_tasks(
+        &self,
+        limit: u32,
+        fleet: i64,
+        after: Option<(u64, &str)>,
+    ) -> Result<Vec<TaskRecord>, StoreError> {
+        let (after_ms, after_id) = after.map_or((-1, ""), |(ms, id)| (to_db(ms), id));
+        let sql = format!(
+            "SELECT {TASK_COLUMNS} FROM tasks WHERE state = 'pending' \
+             AND (parked_fleet IS NULL OR parked_fleet <> $2) \
+             AND (created_ms > $3 OR (created_ms = $3 AND id > $4)) \
+             ORDER BY created_ms ASC, id ASC LIMIT $1"
+        );
+        let rows: Vec<TaskRow> = with_pool!(self, pool => sqlx::query_as(&sql)
+            .bind(i64::from(limit))
+            .bind(fleet)
+            .bind(after_ms)
+            .bind(after_id)
+            .fetch_all(pool)
+            .await)?;
+        rows.into_iter().map(TaskRow::into_record).collect()
+    }
+
+    /// Parks pending tasks no online node could take on the fleet whose
+    /// fingerprint is `fleet`, each with the explanation of why (what its
+    /// detail shows), in one transaction. A task no longer pending is left.
+    pub async fn park_tasks(
+        &self,
+        tasks: &[(String, serde_json::Value)],
+        fleet: i64,
+    ) -> Result<(), StoreError> {
+        if tasks.is_empty() {
+            return Ok(());
+        }
+        let sql = "UPDATE tasks SET parked_fleet = $2, explanation = $3 \
+                   WHERE id = $1 AND state = 'pending'";
+        with_pool!(self, pool => {
+            let mut tx = pool.begin().await?;
+            for (id, explanation) in tasks {
+                sqlx::query(sql)
+                    .bind(id)
+                    .bind(fleet)
+                    .bind(explanation.to_string())
+                    .execute(&mut *tx)
+                    .await?;
+            }
+            tx.commit().await
+        })?;
+        Ok(())
+    }
+
     /// Tasks with an attempt out on a node.
     pub async fn in_flight_tasks(&self, limit: u32) -> Result<Vec<TaskRecord>, StoreError> {
         self.tasks_in_states(

@@ -331,10 +331,18 @@ async fn limits_over_the_maxima_are_refused_and_store_nothing() {
 /// the headers, then reads until the server closes the connection. Returns
 /// how long that took, or `None` if the server kept it open for twice the
 /// header-read timeout.
-fn stall_in_headers(mut stream: impl std::io::Read + std::io::Write) -> Option<Duration> {
+fn stall_in_headers(stream: impl std::io::Read + std::io::Write) -> Option<Duration> {
+    stall(stream, b"GET / HTTP/1.1\r\nHost: x\r\n")
+}
+
+/// Sends `sent` (nothing: a silent connection) and reads until the server
+/// closes the connection, as [`stall_in_headers`].
+fn stall(mut stream: impl std::io::Read + std::io::Write, sent: &[u8]) -> Option<Duration> {
     let started = std::time::Instant::now();
-    stream.write_all(b"GET / HTTP/1.1\r\nHost: x\r\n").unwrap();
-    stream.flush().unwrap();
+    if !sent.is_empty() {
+        stream.write_all(sent).unwrap();
+        stream.flush().unwrap();
+    }
     let mut buffer = [0u8; 1024];
     loop {
         match stream.read(&mut buffer) {
@@ -359,7 +367,7 @@ fn assert_closed_in_time(closed_after: Option<Duration>, scheme: &str) {
     use starling_coordinator::http::HEADER_READ_TIMEOUT;
     let closed_after = closed_after.unwrap_or_else(|| {
         panic!(
-            "{scheme}: a connection stalled in its headers was still open after {:?}",
+            "{scheme}: a stalled connection was still open after {:?}",
             HEADER_READ_TIMEOUT * 2
         )
     });
@@ -371,8 +379,9 @@ fn assert_closed_in_time(closed_after: Option<Duration>, scheme: &str) {
 }
 
 /// Issue 15, item 10: a client that sends part of its headers and stalls is
-/// disconnected after `HEADER_READ_TIMEOUT`, over HTTP and over HTTPS
-/// (about ten seconds each, run side by side).
+/// disconnected after `HEADER_READ_TIMEOUT`, over HTTP and over HTTPS; and
+/// (issue 33, item 2) so is one that sends nothing at all, which used to be
+/// kept open for ever (about ten seconds each, all four side by side).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_connection_stalled_in_its_headers_is_closed() {
     use starling_coordinator::http::HEADER_READ_TIMEOUT;
@@ -390,6 +399,17 @@ async fn a_connection_stalled_in_its_headers_is_closed() {
     let plain_address = address(&plain.rest_url());
     let tls_address = address(&tls.rest_url());
 
+    let silent = |address: String| {
+        tokio::task::spawn_blocking(move || {
+            let stream = std::net::TcpStream::connect(&address).unwrap();
+            stream
+                .set_read_timeout(Some(HEADER_READ_TIMEOUT * 2))
+                .unwrap();
+            stall(stream, b"")
+        })
+    };
+    let silent_http = silent(plain_address.clone());
+    let silent_https = silent(tls_address.clone());
     let over_http = tokio::task::spawn_blocking(move || {
         let stream = std::net::TcpStream::connect(&plain_address).unwrap();
         stream
@@ -426,6 +446,8 @@ async fn a_connection_stalled_in_its_headers_is_closed() {
     });
     assert_closed_in_time(over_http.await.unwrap(), "http");
     assert_closed_in_time(over_https.await.unwrap(), "https");
+    assert_closed_in_time(silent_http.await.unwrap(), "http, silent");
+    assert_closed_in_time(silent_https.await.unwrap(), "https, silent");
 
     // A whole request still gets its answer.
     let health = reqwest::get(format!("{}/api/v1/health", plain.rest_url()))

@@ -13,6 +13,7 @@
 use std::sync::{RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 mod architecture;
+mod bad_clients;
 mod bad_input;
 mod bridges;
 mod console;

@@ -127,6 +127,7 @@ pub(crate) async fn accept_forward(
         limits: request.limits,
         work_seconds: Some(request.work_seconds),
         grants: None,
+        wait_for_node: false,
     };
     check_submission(&submission)?;
     // Provenance: the publisher signature must verify over this artifact

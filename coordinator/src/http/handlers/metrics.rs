@@ -41,6 +41,9 @@ pub(crate) const SERIES: &[&str] = &[
     "starling_nodes_suspected_total",
     "starling_stale_attempts_cancelled_total",
     "starling_attempts_ended_total",
+    "starling_tasks_parked_total",
+    "starling_http_connections",
+    "starling_http_connections_closed_total",
     "starling_mosquitto_reloads_total",
     "starling_federation_sites",
     "starling_gossip_datagrams_sent_total",
@@ -261,6 +264,31 @@ pub(crate) async fn metrics(State(shared): State<Arc<Shared>>) -> Result<Respons
                 "{reason=\"unknown_to_node\"}".to_string(),
                 counters.attempts_unknown_to_node.load(Relaxed),
             ),
+        ],
+    );
+    metric(
+        "starling_tasks_parked_total",
+        "counter",
+        "Times a pending task was parked because no online node could run it (read again when the fleet changes).",
+        &[(String::new(), counters.tasks_parked.load(Relaxed))],
+    );
+    let connections = shared.connections.counts();
+    metric(
+        "starling_http_connections",
+        "gauge",
+        "REST connections open now, and the cap (below the descriptor limit).",
+        &[
+            ("{kind=\"open\"}".to_string(), connections.open as u64),
+            ("{kind=\"cap\"}".to_string(), connections.max as u64),
+        ],
+    );
+    metric(
+        "starling_http_connections_closed_total",
+        "counter",
+        "REST connections closed at the cap: the oldest silent one to make room, or a new one when every open one was busy.",
+        &[
+            ("{reason=\"silent_at_cap\"}".to_string(), connections.evicted),
+            ("{reason=\"busy_at_cap\"}".to_string(), connections.refused),
         ],
     );
     metric(

@@ -14,6 +14,8 @@ use starling_api::{
     TaskStatus, TaskSummary,
 };
 use starling_opencl::Package;
+use starling_placement::capable::{incapable, Scope};
+use starling_placement::ClusterView;
 use starling_proto::limits::{
     ARG_LEN, MAX_ARGS, MAX_INLINE_INPUT_BYTES, MAX_INLINE_OUTPUT_BYTES, MAX_TASK_MEMORY_BYTES,
     MAX_TASK_OUTPUT_BYTES, MAX_TASK_WALL_MS,
@@ -24,6 +26,7 @@ use super::artifacts::parse_digest;
 use super::events::{parse_wait, wait_for_end};
 use crate::http::error::HttpError;
 use crate::http::{DEFAULT_LIST_LIMIT, MAX_LIST_LIMIT};
+use crate::loops::cluster_view::pending_task;
 use crate::store::{CancelOutcome, NewTask, TaskRecord};
 use crate::task::unix_now_ms;
 use crate::Shared;
@@ -236,6 +239,43 @@ pub(crate) async fn submit_task(
 #[derive(Default)]
 pub(crate) struct KnownArtifacts {
     artifacts: HashMap<Digest, (Runtime, Option<Vec<u8>>)>,
+    /// The site's nodes, read at the first submission that needs them.
+    nodes: Option<ClusterView>,
+}
+
+/// Refuses a task that no node of the site could run, online or not,
+/// however idle (`no_capable_node`, with the reasons counted), unless the
+/// submission asked to wait for one. A site that knows no node yet (just
+/// started, its agents not connected) and a federated site (a peer may take
+/// it) accept it; the scheduler parks it until the fleet changes.
+fn check_capable(
+    shared: &Shared,
+    known: &mut KnownArtifacts,
+    task: &NewTask,
+) -> Result<(), HttpError> {
+    if shared
+        .federation
+        .as_ref()
+        .is_some_and(|federation| !federation.remote_sites(&[]).is_empty())
+    {
+        return Ok(());
+    }
+    let nodes = known
+        .nodes
+        .get_or_insert_with(|| shared.view_source().nodes().0);
+    if nodes.nodes.is_empty() {
+        return Ok(());
+    }
+    match incapable(nodes, &pending_task(0, task), Scope::Known) {
+        None => Ok(()),
+        Some(why) => Err(HttpError::new(
+            ErrorCode::NoCapableNode,
+            format!(
+                "{}; submit it with \"wait_for_node\": true (starling run --wait-for-node) to keep it parked until such a node joins",
+                why.summary
+            ),
+        )),
+    }
 }
 
 /// Checks one submission against the limits, its artifact and, for an
@@ -285,7 +325,8 @@ pub(crate) async fn prepare_task(
         demand.fp64 = launch.fp64;
     }
     let now_ms = unix_now_ms();
-    Ok(NewTask {
+    let wait_for_node = submission.wait_for_node;
+    let task = NewTask {
         id: uuid::Uuid::now_v7().to_string(),
         artifact,
         runtime,
@@ -301,7 +342,11 @@ pub(crate) async fn prepare_task(
         priority: submission.priority,
         deadline_unix_ms: submission.deadline_ms.map(|ms| now_ms.saturating_add(ms)),
         created_ms: now_ms,
-    })
+    };
+    if !wait_for_node {
+        check_capable(shared, known, &task)?;
+    }
+    Ok(task)
 }
 
 pub(crate) fn task_summary(record: TaskRecord) -> TaskSummary {
