@@ -167,6 +167,8 @@ pub(crate) struct Counters {
     pub(crate) attempts_overdue: std::sync::atomic::AtomicU64,
     /// Attempts ended because their online node did not list them.
     pub(crate) attempts_unknown_to_node: std::sync::atomic::AtomicU64,
+    /// Attempts ended because their node never answered the assignment.
+    pub(crate) attempts_unanswered: std::sync::atomic::AtomicU64,
     /// Reports refused for not proving their sender, by `ReportRefused::REASONS`.
     pub(crate) reports_refused:
         [std::sync::atomic::AtomicU64; domain::reports::ReportRefused::REASONS.len()],

@@ -26,6 +26,10 @@ pub struct NodeEntry {
     /// its latest telemetry: the next sample starts a new ordering, whatever
     /// its sequence number and uptime.
     pub new_session: bool,
+    /// Whether it left an assignment unanswered past the grace period
+    /// (`domain::attempts`): it is offered no work until it answers one, or
+    /// connects again (an `online` status: a new session).
+    pub unresponsive: bool,
 }
 
 impl NodeEntry {
@@ -135,6 +139,7 @@ impl Registry {
                         telemetry_received_ms: None,
                         silent: false,
                         new_session: false,
+                        unresponsive: false,
                     },
                 );
                 // A held status counts as a change now that the node is known:
@@ -229,8 +234,10 @@ impl Registry {
         entry.last_seen_ms = now_ms;
         entry.silent = false;
         if status.state == NodeState::Online {
-            // A (re)connected agent: its telemetry numbering starts over.
+            // A (re)connected agent: its telemetry numbering starts over,
+            // and it may be offered work again.
             entry.new_session = true;
+            entry.unresponsive = false;
         }
         Ok(match (previous, status.state) {
             (Some(before), after) if before == after => RegistryChange::Unchanged(id),
@@ -260,6 +267,31 @@ impl Registry {
             }
         }
         suspected
+    }
+
+    /// Marks a node that left an assignment unanswered past the grace: no
+    /// more work for it until [`Registry::answered`] (or it starts again).
+    /// Returns whether it was marked now (it is known and was not already).
+    pub fn suspect_unresponsive(&mut self, id: &NodeId) -> bool {
+        match self.nodes.get_mut(id) {
+            Some(entry) if !entry.unresponsive => {
+                entry.unresponsive = true;
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// Records that a node answered an assignment (any task event from it);
+    /// returns whether it had been marked unresponsive.
+    pub fn answered(&mut self, id: &NodeId) -> bool {
+        match self.nodes.get_mut(id) {
+            Some(entry) if entry.unresponsive => {
+                entry.unresponsive = false;
+                true
+            }
+            _ => false,
+        }
     }
 
     /// One node.

@@ -4,7 +4,16 @@
 //! calls [`Reviewer::review`] with the coordinator's clock, and carries out
 //! the answer.
 //!
-//! Two rules, both with a grace period:
+//! Three rules, each with a grace period:
+//! - **unanswered:** an attempt its node has not answered at all (no
+//!   `accepted`, `running`, or final event) while reporting telemetry for
+//!   the grace period (from its first report after the assignment to one a
+//!   grace later) is ended. An agent answers within milliseconds, and the
+//!   outbox sends the assignment again every few seconds, so a node that
+//!   talks to the coordinator all that while and stays silent about it is
+//!   broken or lies (a "black hole" that advertises fast hardware,
+//!   reports telemetry and keeps whatever it is given: issue 33, item 4).
+//!   The loop also stops placing work on that node until it answers again.
 //! - **wall time:** an attempt still in flight its wall-time limit plus the
 //!   grace after its `running` event arrived is overdue. The agent kills an
 //!   attempt at its limit, so one that outlives it sits on a node that lost
@@ -31,6 +40,8 @@ pub enum AttemptEnd {
     WallTimeExceeded,
     /// Its node, online and listing its attempts, does not hold it.
     UnknownToNode,
+    /// Its node never answered the assignment.
+    Unanswered,
 }
 
 impl AttemptEnd {
@@ -39,6 +50,7 @@ impl AttemptEnd {
         match self {
             AttemptEnd::WallTimeExceeded => "wall_time_exceeded",
             AttemptEnd::UnknownToNode => "unknown_to_node",
+            AttemptEnd::Unanswered => "unanswered",
         }
     }
 
@@ -50,6 +62,9 @@ impl AttemptEnd {
             }
             AttemptEnd::UnknownToNode => {
                 "the node, online, did not list the attempt among those it holds"
+            }
+            AttemptEnd::Unanswered => {
+                "the node did not answer the assignment within the grace period"
             }
         }
     }
@@ -70,6 +85,8 @@ pub struct InFlight {
     pub running_since_ms: Option<u64>,
     /// Its wall-time limit, ms.
     pub wall_ms: u64,
+    /// Whether its node has sent any event for it (`accepted` and on).
+    pub answered: bool,
 }
 
 /// A node's latest telemetry, as far as the rules care.
@@ -136,6 +153,9 @@ pub struct Reviewer {
     /// In-flight attempts missing from their node's complete lists, and the
     /// receive time of the first list that lacked them.
     missing_since: HashMap<Key, u64>,
+    /// In-flight attempts their node has not answered, and the receive time
+    /// of its first report after the assignment.
+    unanswered_since: HashMap<Key, u64>,
     /// Cancels sent for attempts nodes list, and when.
     cancelled_at: HashMap<(String, Key), u64>,
 }
@@ -173,9 +193,32 @@ impl Reviewer {
             let Some(report) = reports.get(attempt.node.as_str()) else {
                 continue;
             };
+            // Only reports that arrived after the assignment count: a node
+            // or a link that was down does not send them, so an outage on
+            // either side never ends an attempt here. A complete list that
+            // lacks the attempt is the reconcile rule's below (the
+            // assignment may never have arrived: not the node's doing).
+            let listed = report.attempts.contains(&key);
+            let lacks = report.complete && !listed;
+            if attempt.answered
+                || lacks
+                || !report.online
+                || report.received_ms < attempt.assigned_ms
+            {
+                self.unanswered_since.remove(&key);
+            } else {
+                let since = *self
+                    .unanswered_since
+                    .entry(key.clone())
+                    .or_insert(report.received_ms);
+                if report.received_ms.saturating_sub(since) >= grace_ms {
+                    ended.insert(key.clone());
+                    verdicts.push(end(attempt, AttemptEnd::Unanswered));
+                    continue;
+                }
+            }
             // Only a complete list from an online node, received after the
             // assignment was made, can say the node does not hold it.
-            let listed = report.attempts.contains(&key);
             if listed || !report.online || !report.complete {
                 self.missing_since.remove(&key);
                 continue;
@@ -195,6 +238,8 @@ impl Reviewer {
         // Forget what is no longer in flight, or ended now.
         let in_flight_keys: HashSet<&Key> = in_flight_here.iter().map(|(_, key)| key).collect();
         self.missing_since
+            .retain(|key, _| !ended.contains(key) && in_flight_keys.contains(key));
+        self.unanswered_since
             .retain(|key, _| !ended.contains(key) && in_flight_keys.contains(key));
 
         for report in reports.values() {
@@ -265,6 +310,7 @@ mod tests {
             assigned_ms: assigned,
             running_since_ms: running,
             wall_ms: wall,
+            answered: true,
         }
     }
 
@@ -294,6 +340,82 @@ mod tests {
             node: node.into(),
             reason,
         }
+    }
+
+    #[test]
+    fn an_assignment_never_answered_ends_after_the_grace_whatever_the_node_reports() {
+        let silent = |assigned| InFlight {
+            answered: false,
+            ..flight("t", "hole", assigned, None, 60_000)
+        };
+        let mut reviewer = Reviewer::default();
+        // Telemetry with an incomplete list (what a black hole sends): the
+        // grace counts from its first report after the assignment.
+        let at = |received| vec![report("hole", received, &[], false)];
+        // A report from before the assignment says nothing.
+        assert_eq!(
+            reviewer.review(review(9_000, vec![silent(1_000)], at(900))),
+            vec![]
+        );
+        assert_eq!(
+            reviewer.review(review(9_000, vec![silent(1_000)], at(1_500))),
+            vec![]
+        );
+        assert_eq!(
+            reviewer.review(review(9_000, vec![silent(1_000)], at(2_499))),
+            vec![]
+        );
+        assert_eq!(
+            reviewer.review(review(9_000, vec![silent(1_000)], at(2_500))),
+            vec![ended("t", "hole", AttemptEnd::Unanswered)]
+        );
+        // A node that went quiet (offline, or its link down) is not
+        // counted against: no report, no verdict, however long.
+        let mut reviewer = Reviewer::default();
+        let mut offline = report("hole", 1_500, &[], false);
+        offline.online = false;
+        assert_eq!(
+            reviewer.review(review(1_000_000, vec![silent(1_000)], vec![offline])),
+            vec![]
+        );
+        assert_eq!(
+            reviewer.review(review(1_000_000, vec![silent(1_000)], vec![])),
+            vec![]
+        );
+        // Listed in a complete list but never answered: the node keeps it
+        // and says nothing; ended too.
+        let mut reviewer = Reviewer::default();
+        let keeps = |received| vec![report("hole", received, &[("t", 1)], true)];
+        assert_eq!(
+            reviewer.review(review(9_000, vec![silent(1_000)], keeps(1_000))),
+            vec![]
+        );
+        assert_eq!(
+            reviewer.review(review(9_000, vec![silent(1_000)], keeps(2_000))),
+            vec![ended("t", "hole", AttemptEnd::Unanswered)]
+        );
+        // Missing from a complete list: the reconcile rule's (unknown to
+        // the node), not this one's.
+        let mut reviewer = Reviewer::default();
+        let lacks = |received| vec![report("hole", received, &[], true)];
+        assert_eq!(
+            reviewer.review(review(9_000, vec![silent(1_000)], lacks(1_000))),
+            vec![]
+        );
+        assert_eq!(
+            reviewer.review(review(9_000, vec![silent(1_000)], lacks(2_000))),
+            vec![ended("t", "hole", AttemptEnd::UnknownToNode)]
+        );
+        // Answered (accepted, queued on the node): not this rule's.
+        let mut reviewer = Reviewer::default();
+        assert_eq!(
+            reviewer.review(review(
+                100_000,
+                vec![flight("t", "n", 1_000, None, 600_000)],
+                vec![report("n", 99_000, &[("t", 1)], true)]
+            )),
+            vec![]
+        );
     }
 
     #[test]

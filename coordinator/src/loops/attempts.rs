@@ -93,6 +93,7 @@ impl Attempts {
                 assigned_ms: row.assigned_ms,
                 running_since_ms: row.running_since_ms,
                 wall_ms: row.wall_ms,
+                answered: row.answered,
             })
             .collect();
         let reports = {
@@ -144,7 +145,17 @@ impl Attempts {
                     Counters::increment(match reason {
                         AttemptEnd::WallTimeExceeded => &self.counters.attempts_overdue,
                         AttemptEnd::UnknownToNode => &self.counters.attempts_unknown_to_node,
+                        AttemptEnd::Unanswered => &self.counters.attempts_unanswered,
                     });
+                    if reason == AttemptEnd::Unanswered {
+                        // It keeps what it is given and says nothing: no
+                        // more work for it until it answers.
+                        let suspected = starling_proto::NodeId::new(&node)
+                            .is_ok_and(|id| self.registry.write().suspect_unresponsive(&id));
+                        if suspected {
+                            tracing::warn!(node = %node, "the node leaves its assignments unanswered; it is offered no work until it answers one or connects again");
+                        }
+                    }
                     tracing::warn!(task = %task_id, attempt, node = %node, reason = reason.as_str(),
                         now = %ended.status, "{}; the attempt is ended", reason.describe());
                     self.cancel(&node, &task_id, attempt).await;

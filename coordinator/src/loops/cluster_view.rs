@@ -89,10 +89,12 @@ pub(crate) fn cluster_view(
         // status said online: agents report telemetry every second, and a
         // broker that lost its session state may never deliver a last will.
         let heard_recently = now_ms.saturating_sub(entry.last_seen_ms) < node_timeout_ms;
+        // One that left an assignment unanswered is offered nothing until
+        // it answers (`domain::attempts`, the unanswered rule).
         let mut node = NodeView::from_reports(
             &entry.capability,
             entry.telemetry.as_ref(),
-            entry.online() && heard_recently,
+            entry.online() && heard_recently && !entry.unresponsive,
         );
         if !runs_wasm(&entry.capability.wasm) {
             node.runtimes.retain(|runtime| *runtime != Runtime::Wasm);

@@ -501,6 +501,11 @@ async fn answer_event(
     event: TaskEvent,
     outcome: EventOutcome,
 ) -> Result<Handled, IngestError> {
+    // The node answers its assignments again: it may be offered work.
+    if ingest.registry.write().answered(&event.node_id) {
+        tracing::info!(node = %event.node_id, "the node answers its assignments again");
+        ingest.wake_scheduler.notify_one();
+    }
     // Recorded (or known already, or about a task that does not exist): the
     // agent may forget it.
     let ack = EventAck {

@@ -165,6 +165,8 @@ pub struct InFlightAttempt {
     pub running_since_ms: Option<u64>,
     /// The task's wall-time limit, ms.
     pub wall_ms: u64,
+    /// Whether the node sent any event for this attempt.
+    pub answered: bool,
 }
 
 /// Inserts one new task; a task forwarded from the same origin twice is
@@ -529,20 +531,22 @@ impl Store {
     /// Up to `limit` attempts in flight on nodes of this site (forwarded ones
     /// excluded), oldest task first.
     pub async fn in_flight_attempts(&self, limit: u32) -> Result<Vec<InFlightAttempt>, StoreError> {
-        let sql = "SELECT t.id, t.attempt, t.node_id, a.assigned_ms, e.received_ms, t.limits \
+        let sql = "SELECT t.id, t.attempt, t.node_id, a.assigned_ms, e.received_ms, t.limits, \
+                   EXISTS (SELECT 1 FROM events any_event \
+                           WHERE any_event.task_id = t.id AND any_event.attempt = t.attempt) \
                    FROM tasks t \
                    JOIN attempts a ON a.task_id = t.id AND a.attempt = t.attempt \
                    LEFT JOIN events e ON e.task_id = t.id AND e.attempt = t.attempt AND e.state = 'running' \
                    WHERE t.state IN ('assigned', 'running') AND t.node_id IS NOT NULL \
                    ORDER BY t.created_ms ASC, t.id ASC LIMIT $1";
-        type Row = (String, i64, String, i64, Option<i64>, String);
+        type Row = (String, i64, String, i64, Option<i64>, String, bool);
         let rows: Vec<Row> = with_pool!(self, pool => sqlx::query_as(sql)
             .bind(i64::from(limit))
             .fetch_all(pool)
             .await)?;
         rows.into_iter()
             .map(
-                |(task_id, attempt, node_id, assigned_ms, running_ms, limits)| {
+                |(task_id, attempt, node_id, assigned_ms, running_ms, limits, answered)| {
                     let limits: TaskLimits =
                         serde_json::from_str(&limits).map_err(|e| corrupt("tasks.limits", e))?;
                     Ok(InFlightAttempt {
@@ -552,6 +556,7 @@ impl Store {
                         assigned_ms: from_db(assigned_ms),
                         running_since_ms: running_ms.map(from_db),
                         wall_ms: limits.wall_ms,
+                        answered,
                     })
                 },
             )

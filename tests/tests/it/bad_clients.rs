@@ -111,8 +111,8 @@ fn two_thousand_silent_sockets_leave_the_health_check_answering() {
     drop(silent);
 }
 
-/// Issue 33, item 1: 300 tasks that want an OpenCL device, on a site whose
-/// one node has none. Submitted plainly they are refused at once, with the
+/// Issue 33, item 1: 300 tasks that want a GPU, on a site whose one node
+/// has none (at most PoCL's CPU device, where it is installed). Submitted plainly they are refused at once, with the
 /// reason; asked to wait for such a node they are parked, and a task any
 /// node can run, submitted after them, still runs within a second. Before,
 /// the policy read only the 256 oldest pending tasks and never saw it.
@@ -131,7 +131,7 @@ fn a_batch_no_node_can_run_does_not_hold_up_the_work_behind_it() {
         task["state"] == "succeeded"
     });
 
-    let gpu_task = |wait: bool| json!({"artifact": digest, "input_text": "", "demand": {"gpu": true}, "wait_for_node": wait});
+    let gpu_task = |wait: bool| json!({"artifact": digest, "input_text": "", "demand": {"gpu": true, "device": "gpu"}, "wait_for_node": wait});
     let batch = |wait: bool| {
         let tasks: Vec<Value> = (0..300).map(|_| gpu_task(wait)).collect();
         serde_json::to_vec(&json!({ "tasks": tasks })).unwrap()
@@ -144,11 +144,13 @@ fn a_batch_no_node_can_run_does_not_hold_up_the_work_behind_it() {
     assert_eq!(status, 422, "{body}");
     let refusal: Value = serde_json::from_str(&body).unwrap();
     assert_eq!(refusal["error"], "no_capable_node", "{refusal}");
+    // The one node, ruled out: it has no OpenCL device, or (PoCL) none of
+    // the GPU type.
     assert!(
         refusal["message"]
             .as_str()
             .unwrap()
-            .contains("1 × no OpenCL device"),
+            .contains("no node of this site can run it (1 × no OpenCL device"),
         "{refusal}"
     );
     let (status, body) = coordinator.http(

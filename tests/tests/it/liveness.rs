@@ -36,6 +36,11 @@ fn publish_as(port: u16, user: Option<(&str, &str)>, topic: &str, payload: &[u8]
 }
 
 fn telemetry(node: &str, seq: u64, uptime_ms: u64) -> Telemetry {
+    telemetry_listing(node, seq, uptime_ms, true)
+}
+
+/// Telemetry that lists no attempt, saying its list is `complete` or not.
+fn telemetry_listing(node: &str, seq: u64, uptime_ms: u64, complete: bool) -> Telemetry {
     Telemetry {
         v: PROTOCOL_VERSION,
         node_id: NodeId::new(node).unwrap(),
@@ -55,7 +60,7 @@ fn telemetry(node: &str, seq: u64, uptime_ms: u64) -> Telemetry {
         power_level: 0,
         energy_joules: 0.0,
         attempts: Default::default(),
-        attempts_complete: true,
+        attempts_complete: complete,
     }
 }
 
@@ -189,6 +194,20 @@ struct HollowNode {
 
 impl HollowNode {
     fn start(coordinator: &Coordinator, port: u16, node: &str) -> Self {
+        Self::start_as(coordinator, port, node, 4, true)
+    }
+
+    /// A hollow node of `cores` cores at 3 GHz whose telemetry says its
+    /// (empty) list of attempts is `complete`, or not: with `false`, the
+    /// black hole of issue 33 (it keeps what it is given, says nothing, and
+    /// its lists never prove that it does not hold something).
+    fn start_as(
+        coordinator: &Coordinator,
+        port: u16,
+        node: &str,
+        cores: u16,
+        complete: bool,
+    ) -> Self {
         let id = NodeId::new(node).unwrap();
         let mut signer = Signer::enroll(coordinator, node);
         let topics = Topics::default();
@@ -200,7 +219,7 @@ impl HollowNode {
             os: "linux".try_into().unwrap(),
             cpu: CpuInfo {
                 model: "hollow".try_into().unwrap(),
-                cores: 4,
+                cores,
                 min_mhz: 800,
                 max_mhz: 3000,
             },
@@ -247,7 +266,10 @@ impl HollowNode {
             {
                 seq += 1;
                 let uptime = started.elapsed().as_millis() as u64;
-                let sample = signer.seal(ReportChannel::Telemetry, &telemetry(&node, seq, uptime));
+                let sample = signer.seal(
+                    ReportChannel::Telemetry,
+                    &telemetry_listing(&node, seq, uptime, complete),
+                );
                 publish_as(port, None, &topic, &sample, false);
                 std::thread::sleep(Duration::from_millis(300));
             }
@@ -314,4 +336,82 @@ fn an_attempt_its_online_node_does_not_hold_ends_instead_of_staying_assigned() {
         metrics.contains("starling_attempts_ended_total{reason=\"unknown_to_node\"} 3"),
         "{metrics}"
     );
+}
+
+/// Issue 33, item 4: a black hole (enrolled, online, advertising 64 cores,
+/// reporting telemetry whose attempt lists are never complete, answering
+/// nothing) is given four tasks. Each attempt is ended when the node has
+/// said nothing about it for the grace (6 s here) while reporting, and the
+/// task runs on an honest node; the black hole gets no more work. Before,
+/// the four stayed `assigned` for as long as anyone watched: the wall-time
+/// rule starts at `running`, and reconciling needs a complete list.
+#[test]
+fn a_black_hole_node_loses_the_tasks_it_never_answers_and_gets_no_more() {
+    let _turn = crate::alongside();
+    let broker = Mosquitto::start();
+    let coordinator =
+        Coordinator::start(Some(&broker.url), Store::Sqlite, &["--node-timeout", "1s"]);
+    let _hole = HollowNode::start_as(&coordinator, broker.port, "hole", 64, false);
+    coordinator.wait_for_nodes(1, Duration::from_secs(30));
+    let dir = tempfile::tempdir().unwrap();
+    let echo = wasm_file(dir.path(), "echo", modules::ECHO);
+    let submit = |input: &str| {
+        coordinator.cli_json(
+            &[
+                "run",
+                echo.to_str().unwrap(),
+                "--input",
+                "-",
+                "--timeout",
+                "10s",
+            ],
+            Some(input.as_bytes()),
+        )["id"]
+            .as_str()
+            .unwrap()
+            .to_string()
+    };
+    let submitted = Instant::now();
+    let ids: Vec<String> = (0..4).map(|i| submit(&format!("task {i}"))).collect();
+    for id in &ids {
+        coordinator.wait_task(
+            id,
+            Duration::from_secs(10),
+            "given to the black hole",
+            |task| task["state"] == "assigned" && task["node_id"] == "hole",
+        );
+    }
+    let _honest = Agent::start(&coordinator, &broker.url, "honest", "");
+    for id in &ids {
+        let task = coordinator.wait_task(id, Duration::from_secs(40), "run elsewhere", |task| {
+            task["state"] == "succeeded"
+        });
+        assert_eq!(task["node_id"], "honest", "{task:#}");
+        assert_eq!(task["attempt"], 2, "{task:#}");
+    }
+    let took = submitted.elapsed();
+    // The grace from the black hole's first report after each assignment,
+    // a review tick, a round and the run: well within the 10 s wall limit
+    // plus the grace the wall-time rule would have given a running task.
+    assert!(
+        took < Duration::from_secs(20),
+        "the black hole's four tasks ran elsewhere only after {took:?}"
+    );
+    let (_, metrics) = coordinator.http("GET", "/metrics", None);
+    assert!(
+        metrics.contains("starling_attempts_ended_total{reason=\"unanswered\"} 4"),
+        "{metrics}"
+    );
+    assert!(coordinator
+        .process
+        .log()
+        .contains("the node leaves its assignments unanswered"));
+    // Suspected, it is offered nothing: the next task goes to the honest
+    // node at once, though the black hole claims 64 free cores.
+    let next = submit("after");
+    let task = coordinator.wait_task(&next, Duration::from_secs(10), "run", |task| {
+        task["state"] == "succeeded"
+    });
+    assert_eq!(task["node_id"], "honest", "{task:#}");
+    assert_eq!(task["attempt"], 1, "{task:#}");
 }

@@ -254,7 +254,7 @@ pub(crate) async fn metrics(State(shared): State<Arc<Shared>>) -> Result<Respons
     metric(
         "starling_attempts_ended_total",
         "counter",
-        "Attempts on online nodes the coordinator ended: past their wall-time limit plus the grace, or not held by their node.",
+        "Attempts on online nodes the coordinator ended: past their wall-time limit plus the grace, not held by their node, or never answered by it.",
         &[
             (
                 "{reason=\"wall_time_exceeded\"}".to_string(),
@@ -263,6 +263,10 @@ pub(crate) async fn metrics(State(shared): State<Arc<Shared>>) -> Result<Respons
             (
                 "{reason=\"unknown_to_node\"}".to_string(),
                 counters.attempts_unknown_to_node.load(Relaxed),
+            ),
+            (
+                "{reason=\"unanswered\"}".to_string(),
+                counters.attempts_unanswered.load(Relaxed),
             ),
         ],
     );
