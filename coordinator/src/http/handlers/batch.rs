@@ -42,7 +42,7 @@ pub(crate) const MAX_BATCH_BODY_BYTES: usize = 8 * 1024 * 1024;
         (status = 404, description = "An item names an unknown artifact (`tasks[INDEX]: `); nothing was created", body = ApiError),
         (status = 413, description = "More than 1000 tasks (`batch_too_large`), a body over 8 MiB, or an item's input too large; nothing was created", body = ApiError),
         (status = 415, description = "The body is not sent as application/json", body = ApiError),
-        (status = 422, description = "The JSON does not describe a batch of tasks", body = ApiError)
+        (status = 422, description = "The JSON does not describe a batch of tasks (`invalid_json`), or no node of the site could run an item (`no_capable_node`, `tasks[INDEX]: `; `wait_for_node` keeps it instead); nothing was created", body = ApiError)
     )
 )]
 pub(crate) async fn submit_batch(

@@ -209,7 +209,7 @@ pub(crate) fn check_kernel_submission(
         (status = 401, description = "Missing or wrong API token", body = ApiError),
         (status = 404, description = "Unknown artifact", body = ApiError),
         (status = 413, description = "Input too large", body = ApiError),
-        (status = 422, description = "The JSON does not describe a task", body = ApiError)
+        (status = 422, description = "The JSON does not describe a task (`invalid_json`), or no node of the site could run it (`no_capable_node`, with the reasons; `wait_for_node` keeps it instead)", body = ApiError)
     )
 )]
 pub(crate) async fn submit_task(
