@@ -18,6 +18,7 @@
 pub mod access;
 mod app;
 pub mod config;
+mod counters;
 pub mod domain;
 pub mod federation;
 pub mod http;
@@ -35,7 +36,8 @@ pub mod store;
 pub mod task;
 pub mod train;
 
-pub(crate) use app::{describe_bind_error, Counters, Shared};
+pub(crate) use app::{describe_bind_error, Shared};
 pub use app::{start, Running, StartError};
 pub use config::{CoordinatorConfig, ServeArgs};
+pub(crate) use counters::Counters;
 pub use store::Store;
