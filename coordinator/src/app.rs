@@ -591,7 +591,7 @@ pub async fn start(config: CoordinatorConfig) -> Result<Running, StartError> {
         )));
     }
     tasks.extend([
-        tokio::spawn(mqtt::ingest::run_mqtt_loop(
+        tokio::spawn(mqtt::session::run_mqtt_loop(
             eventloop,
             ingest.clone(),
             messages_tx,
@@ -686,7 +686,7 @@ pub async fn start(config: CoordinatorConfig) -> Result<Running, StartError> {
     }));
     // Subscriptions are made by the MQTT loop on each ConnAck; the first one
     // was consumed above, so subscribe now for it.
-    mqtt::ingest::subscribe(&ingest);
+    mqtt::session::subscribe(&ingest);
 
     tracing::info!(
         rest = %rest_addr,

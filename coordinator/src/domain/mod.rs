@@ -9,8 +9,10 @@
 //! attempts on online nodes end (past their wall time, or unknown to their
 //! node) and which a node is told to stop. `reports`: whether a report comes
 //! from the node whose topic it is on (signature, channel, replay marks).
+//! `budget`: how many messages each node may send on each channel.
 
 pub mod attempts;
+pub mod budget;
 pub mod delivery;
 pub mod liveness;
 pub mod reconcile;

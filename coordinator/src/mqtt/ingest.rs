@@ -12,14 +12,12 @@
 //! MQTT loop drains, while that loop waits on the handler.
 
 use std::sync::Arc;
-use std::time::Duration;
 
-use rumqttc::{Event, EventLoop, Packet, QoS, SubscribeFilter};
+use rumqttc::QoS;
 use starling_proto::{
     encode, Cancel, Channel, EventAck, NodeId, ReportChannel, TaskEvent, TaskState,
     PROTOCOL_VERSION,
 };
-use tokio::sync::{mpsc, watch};
 
 pub use super::inbound::IngestError;
 use super::inbound::{parse_inbound, Inbound, Senders};
@@ -28,7 +26,7 @@ use crate::domain::reports::{ReportMarks, Sender};
 use crate::mqtt::client::MqttClient;
 use crate::registry::{NodeRegistry, RegistryChange};
 use crate::store::{EventOutcome, EventToRecord, ReportMark, Store};
-use crate::task::{unix_now_ms, TaskStatus};
+use crate::task::TaskStatus;
 use crate::Counters;
 use starling_api::{NodeChangeKind, TelemetrySample};
 
@@ -88,90 +86,6 @@ pub enum Handled {
     Event(EventOutcome),
     /// An empty retained message (a cleared topic) was skipped.
     Cleared,
-}
-
-/// Subscribes to every node's capability, telemetry, status and events.
-/// Uses the non-blocking request path: it runs on the task that drives the
-/// event loop, which must not wait on its own request queue.
-pub(crate) fn subscribe(ingest: &Ingest) {
-    let filters = CONSUMED_CHANNELS
-        .into_iter()
-        .map(|channel| SubscribeFilter::new(ingest.topics.all_nodes(channel), QoS::AtLeastOnce));
-    if let Err(error) = ingest.mqtt.try_subscribe_many(filters) {
-        tracing::error!(%error, "cannot queue the MQTT subscriptions");
-    }
-}
-
-/// Only capability and status are meant to be retained (the last report
-/// stands for a node that is not speaking). A retained telemetry sample or
-/// event would be replayed to the coordinator at every resubscribe and held
-/// by the broker for good, so it is cleared (an empty retained message) when
-/// one arrives; the message itself is still checked like any other.
-fn clear_unwanted_retained(ingest: &Ingest, topic: &str) {
-    let unwanted = [Channel::Telemetry, Channel::Events]
-        .into_iter()
-        .any(|channel| topic.ends_with(&format!("/{}", channel.as_str())));
-    if unwanted {
-        if let Err(error) = ingest
-            .mqtt
-            .try_publish(topic, QoS::AtLeastOnce, true, Vec::new())
-        {
-            tracing::warn!(%error, topic, "cannot clear a retained message");
-        }
-    }
-}
-
-/// Drives the MQTT session: forwards publishes to the handler, subscribes again
-/// after each reconnect, and retries after errors until told to stop.
-pub(crate) async fn run_mqtt_loop(
-    mut eventloop: EventLoop,
-    ingest: Ingest,
-    messages: mpsc::Sender<Received>,
-    mut stop: watch::Receiver<bool>,
-) {
-    loop {
-        let polled = tokio::select! {
-            polled = eventloop.poll() => polled,
-            _ = stop.wait_for(|stopped| *stopped) => break,
-        };
-        match polled {
-            Ok(Event::Incoming(Packet::ConnAck(_))) => {
-                ingest
-                    .broker_up_since_ms
-                    .store(unix_now_ms(), std::sync::atomic::Ordering::Relaxed);
-                tracing::info!("connected to the MQTT broker again; subscribing");
-                subscribe(&ingest);
-            }
-            Ok(Event::Incoming(Packet::Publish(publish))) => {
-                if publish.retain && !publish.payload.is_empty() {
-                    clear_unwanted_retained(&ingest, &publish.topic);
-                }
-                let received = Received {
-                    topic: publish.topic,
-                    payload: publish.payload.to_vec(),
-                    retained: publish.retain,
-                    received_ms: unix_now_ms(),
-                };
-                if messages.send(received).await.is_err() {
-                    break;
-                }
-            }
-            Ok(_) => {}
-            Err(error) => {
-                if *stop.borrow() {
-                    break;
-                }
-                ingest
-                    .broker_up_since_ms
-                    .store(0, std::sync::atomic::Ordering::Relaxed);
-                tracing::warn!(%error, "MQTT connection error; retrying in 1 s");
-                tokio::select! {
-                    _ = tokio::time::sleep(Duration::from_secs(1)) => {}
-                    _ = stop.wait_for(|stopped| *stopped) => break,
-                }
-            }
-        }
-    }
 }
 
 /// What the coordinator knows of the nodes that send it reports.
@@ -265,7 +179,7 @@ pub(crate) async fn handle_message(
     payload: &[u8],
     retained: bool,
 ) -> Result<Handled, IngestError> {
-    let now_ms = unix_now_ms();
+    let now_ms = crate::task::unix_now_ms();
     let admitted = admit(ingest, topic, payload, retained, now_ms).await?;
     apply_report(ingest, admitted.inbound, admitted.mark, now_ms).await
 }

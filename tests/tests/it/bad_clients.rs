@@ -1,14 +1,18 @@
 //! One bad client must not stop a site (issue 33), each attack against the
 //! real coordinator binary, its Mosquitto and a real agent: a batch of work
-//! no node can run does not hold up the work behind it, and thousands of
-//! connections that never send a byte leave the API answering.
+//! no node can run does not hold up the work behind it, thousands of
+//! connections that never send a byte leave the API answering, and one
+//! node's flood does not slow another node's work. (The black hole that
+//! keeps its tasks is in `liveness`.)
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
-use starling_tests::{Agent, Coordinator, Store};
+use starling_tests::{Agent, Coordinator, Mosquitto, Store};
+
+use crate::liveness::HollowNode;
 
 /// One `GET /api/v1/health` on a new connection, timed from the connect to
 /// the last byte of the answer; the status code with the time.
@@ -199,5 +203,92 @@ fn a_batch_no_node_can_run_does_not_hold_up_the_work_behind_it() {
     assert!(
         metric(&text, "starling_tasks_parked_total") >= 300.0,
         "{text}"
+    );
+}
+
+/// Submits one task and waits for it (the long poll answers the moment it
+/// ends): the round trip, from before the submit to the answer.
+fn round_trip(coordinator: &Coordinator, digest: &str, input: &str) -> Duration {
+    let started = Instant::now();
+    let body = serde_json::to_vec(&json!({"artifact": digest, "input_text": input})).unwrap();
+    let (status, body) =
+        coordinator.http("POST", "/api/v1/tasks", Some(("application/json", body)));
+    assert_eq!(status, 201, "{body}");
+    let id = serde_json::from_str::<Value>(&body).unwrap()["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let (status, body) = coordinator.http("GET", &format!("/api/v1/tasks/{id}?wait=20s"), None);
+    let took = started.elapsed();
+    assert_eq!(status, 200, "{body}");
+    let task: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(task["state"], "succeeded", "{task:#}");
+    took
+}
+
+/// The median of seven round trips, one after the other.
+fn median_round_trip(coordinator: &Coordinator, digest: &str, what: &str) -> Duration {
+    let mut times: Vec<Duration> = (0..7)
+        .map(|i| round_trip(coordinator, digest, &format!("{what} {i}")))
+        .collect();
+    times.sort();
+    times[3]
+}
+
+/// Issue 33, item 3: an enrolled node floods its telemetry topic with 5,000
+/// signed, valid samples a second. Another node's tasks keep their round
+/// trip within twice the quiet one (medians of seven), the flood beyond
+/// the node's budget is dropped as it arrives and counted, and the
+/// flooding node's own telemetry still gets through within its budget.
+/// Before, the flood kept the ingest queue full, the MQTT loop waited on
+/// it, and a task's round trip went from 24 ms to 29 s.
+#[test]
+fn one_nodes_flood_does_not_slow_another_nodes_work() {
+    let _turn = crate::alone();
+    let broker = Mosquitto::start();
+    let coordinator = Coordinator::start(Some(&broker.url), Store::Sqlite, &[]);
+    let _worker = Agent::start(&coordinator, &broker.url, "worker", "");
+    coordinator.wait_for_nodes(1, Duration::from_secs(60));
+    let dir = tempfile::tempdir().unwrap();
+    let digest = coordinator.publish_spin(dir.path(), 1000);
+    round_trip(&coordinator, &digest, "warm");
+    let quiet = median_round_trip(&coordinator, &digest, "quiet");
+
+    let flood = HollowNode::start_flooding(&coordinator, broker.port, "flood", 5_000);
+    // Two seconds' worth of flood sent before anything is timed.
+    let started = Instant::now();
+    while flood.published.load(std::sync::atomic::Ordering::SeqCst) < 10_000 {
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "the flood did not start"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let flooded = median_round_trip(&coordinator, &digest, "flooded");
+    let (_, text) = coordinator.http("GET", "/metrics", None);
+    let dropped = metric(
+        &text,
+        "starling_mqtt_messages_dropped_total{reason=\"node_budget\"}",
+    );
+    assert!(
+        flooded <= quiet * 2,
+        "round trip {flooded:?} under the flood, {quiet:?} quiet ({dropped} dropped)"
+    );
+    // The flood beyond the node's budget went no further than the session.
+    assert!(dropped >= 5_000.0, "{dropped} dropped\n{text}");
+    // The flooding node is still a node: online, its latest telemetry shown.
+    let (status, body) = coordinator.http("GET", "/api/v1/nodes/flood", None);
+    assert_eq!(status, 200, "{body}");
+    let node: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(node["online"], true, "{node:#}");
+    assert!(
+        coordinator
+            .process
+            .log()
+            .lines()
+            .filter(|line| line.contains("MQTT messages dropped at ingest"))
+            .count()
+            <= 3,
+        "the drops are logged once a window, not once a message"
     );
 }

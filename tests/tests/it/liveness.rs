@@ -35,7 +35,7 @@ fn publish_as(port: u16, user: Option<(&str, &str)>, topic: &str, payload: &[u8]
     assert!(status.success());
 }
 
-fn telemetry(node: &str, seq: u64, uptime_ms: u64) -> Telemetry {
+pub(crate) fn telemetry(node: &str, seq: u64, uptime_ms: u64) -> Telemetry {
     telemetry_listing(node, seq, uptime_ms, true)
 }
 
@@ -126,14 +126,14 @@ fn one_forged_telemetry_sample_does_not_keep_a_node_offline() {
 
 /// A node enrolled with its own report key (made here, as an agent makes
 /// its own), signing what it publishes with a rising counter.
-struct Signer {
+pub(crate) struct Signer {
     node: NodeId,
     key: ed25519_dalek::SigningKey,
     counter: u64,
 }
 
 impl Signer {
-    fn enroll(coordinator: &Coordinator, node: &str) -> Self {
+    pub(crate) fn enroll(coordinator: &Coordinator, node: &str) -> Self {
         let key = ed25519_dalek::SigningKey::from_bytes(&[0x42; 32]);
         let public: String = key
             .verifying_key()
@@ -172,7 +172,11 @@ impl Signer {
         }
     }
 
-    fn seal<M: starling_proto::Message>(&mut self, channel: ReportChannel, message: &M) -> Vec<u8> {
+    pub(crate) fn seal<M: starling_proto::Message>(
+        &mut self,
+        channel: ReportChannel,
+        message: &M,
+    ) -> Vec<u8> {
         self.counter += 1;
         encode(&SignedReport::sign(
             &self.key,
@@ -187,7 +191,9 @@ impl Signer {
 
 /// A node that says it is online, advertises wasm, and whose telemetry
 /// lists no attempt, whatever it is sent: it never runs anything.
-struct HollowNode {
+pub(crate) struct HollowNode {
+    /// Flood samples published so far.
+    pub(crate) published: std::sync::Arc<std::sync::atomic::AtomicU64>,
     stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
     thread: Option<std::thread::JoinHandle<()>>,
 }
@@ -207,6 +213,29 @@ impl HollowNode {
         node: &str,
         cores: u16,
         complete: bool,
+    ) -> Self {
+        Self::start_sending(coordinator, port, node, cores, complete, None)
+    }
+
+    /// A hollow node that floods: `per_second` signed, valid telemetry
+    /// samples a second (each a fresh counter), from the moment it is up. It
+    /// offers no runtime, so no task is placed on it.
+    pub(crate) fn start_flooding(
+        coordinator: &Coordinator,
+        port: u16,
+        node: &str,
+        per_second: u32,
+    ) -> Self {
+        Self::start_sending(coordinator, port, node, 4, true, Some(per_second))
+    }
+
+    fn start_sending(
+        coordinator: &Coordinator,
+        port: u16,
+        node: &str,
+        cores: u16,
+        complete: bool,
+        flood_per_second: Option<u32>,
     ) -> Self {
         let id = NodeId::new(node).unwrap();
         let mut signer = Signer::enroll(coordinator, node);
@@ -233,7 +262,11 @@ impl HollowNode {
             power_control: Default::default(),
             wasm: Default::default(),
         };
-        capability.runtimes.push(Runtime::Wasm).unwrap();
+        // A flooding node runs nothing, so that no task goes to it: its
+        // flood is all it does.
+        if flood_per_second.is_none() {
+            capability.runtimes.push(Runtime::Wasm).unwrap();
+        }
         publish_as(
             port,
             None,
@@ -255,10 +288,22 @@ impl HollowNode {
         );
         let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
         let stopping = stop.clone();
+        let published = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let counted = published.clone();
         let node = node.to_string();
         let thread = std::thread::spawn(move || {
             let topic = topics.node(&id, Channel::Telemetry);
             let started = Instant::now();
+            if let Some(per_second) = flood_per_second {
+                flood(port, &topic, per_second, &stopping, &counted, |seq| {
+                    let uptime = started.elapsed().as_millis() as u64;
+                    signer.seal(
+                        ReportChannel::Telemetry,
+                        &telemetry_listing(&node, seq, uptime, complete),
+                    )
+                });
+                return;
+            }
             let mut seq = 0;
             // Bounded: the test is over well within a minute.
             while !stopping.load(std::sync::atomic::Ordering::SeqCst)
@@ -275,10 +320,51 @@ impl HollowNode {
             }
         });
         Self {
+            published,
             stop,
             thread: Some(thread),
         }
     }
+}
+
+/// Publishes `per_second` messages a second (QoS 0, one MQTT connection),
+/// each made by `sample(seq)` in batches of a tenth of a second, until
+/// `stop` (or 90 s).
+fn flood(
+    port: u16,
+    topic: &str,
+    per_second: u32,
+    stop: &std::sync::atomic::AtomicBool,
+    published: &std::sync::atomic::AtomicU64,
+    mut sample: impl FnMut(u64) -> Vec<u8>,
+) {
+    let mut options =
+        rumqttc::MqttOptions::new(format!("flood-{}", std::process::id()), "127.0.0.1", port);
+    options.set_keep_alive(Duration::from_secs(30));
+    let (client, mut connection) = rumqttc::Client::new(options, 1_024);
+    std::thread::spawn(move || for _ in connection.iter() {});
+    let started = Instant::now();
+    let batch = u64::from(per_second / 10).max(1);
+    let mut seq = 0_u64;
+    let mut tick = 0_u32;
+    while !stop.load(std::sync::atomic::Ordering::SeqCst)
+        && started.elapsed() < Duration::from_secs(90)
+    {
+        for _ in 0..batch {
+            seq += 1;
+            if client
+                .publish(topic, rumqttc::QoS::AtMostOnce, false, sample(seq))
+                .is_err()
+            {
+                return;
+            }
+            published.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        }
+        tick += 1;
+        let due = started + Duration::from_millis(100) * tick;
+        std::thread::sleep(due.saturating_duration_since(Instant::now()));
+    }
+    let _ = client.disconnect();
 }
 
 impl Drop for HollowNode {

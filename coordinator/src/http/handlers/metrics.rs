@@ -32,6 +32,7 @@ pub(crate) const SERIES: &[&str] = &[
     "starling_leader_term",
     "starling_mqtt_messages_handled_total",
     "starling_mqtt_messages_ignored_total",
+    "starling_mqtt_messages_dropped_total",
     "starling_reports_refused_total",
     "starling_task_events_duplicate_total",
     "starling_task_event_batches_total",
@@ -203,6 +204,21 @@ pub(crate) async fn metrics(State(shared): State<Arc<Shared>>) -> Result<Respons
         .zip(&counters.reports_refused)
         .map(|(reason, count)| (format!("{{reason=\"{reason}\"}}"), count.load(Relaxed)))
         .collect();
+    metric(
+        "starling_mqtt_messages_dropped_total",
+        "counter",
+        "MQTT messages dropped at ingest: over their node's per-channel budget, or telemetry and events that found the queue full.",
+        &[
+            (
+                "{reason=\"node_budget\"}".to_string(),
+                counters.messages_dropped_over_budget.load(Relaxed),
+            ),
+            (
+                "{reason=\"backlog\"}".to_string(),
+                counters.messages_dropped_backlog.load(Relaxed),
+            ),
+        ],
+    );
     metric(
         "starling_reports_refused_total",
         "counter",
