@@ -12,6 +12,8 @@ pub(crate) struct Counters {
     pub(crate) messages_dropped_over_budget: std::sync::atomic::AtomicU64,
     /// Telemetry and events dropped at ingest because the queue was full.
     pub(crate) messages_dropped_backlog: std::sync::atomic::AtomicU64,
+    /// Messages dropped at ingest for being over the protocol's size limit.
+    pub(crate) messages_dropped_oversize: std::sync::atomic::AtomicU64,
     pub(crate) duplicate_events: std::sync::atomic::AtomicU64,
     /// Transactions that recorded task events (group commit).
     pub(crate) event_batches: std::sync::atomic::AtomicU64,

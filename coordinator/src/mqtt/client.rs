@@ -41,6 +41,16 @@ const REQUEST_QUEUE: usize = 8_192;
 /// in bursts of hundreds; rumqttc's default (100) throttled them.
 const MAX_INFLIGHT: u16 = 1_000;
 
+/// The largest packet the coordinator's client reads: far above what any
+/// node may publish ([`MAX_PACKET_BYTES`], the embedded broker's limit). On
+/// an external broker without that limit, a larger message (a node's 2 MB
+/// retained capability, in issue 33) is then read and refused, and a
+/// retained one cleared (`session`), where a read limit equal to what is
+/// allowed made it a connection error, at every reconnect, for ever. Only
+/// a message past this still does that, and the log says which limit the
+/// broker lacks.
+pub(crate) const MAX_INCOMING_PACKET_BYTES: usize = 16 * 1024 * 1024;
+
 /// How long the coordinator waits for the broker to accept its connection.
 const BROKER_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 
@@ -55,7 +65,7 @@ pub(crate) async fn connect(
     options
         .set_keep_alive(Duration::from_secs(10))
         .set_clean_session(true)
-        .set_max_packet_size(MAX_PACKET_BYTES, MAX_PACKET_BYTES)
+        .set_max_packet_size(MAX_INCOMING_PACKET_BYTES, MAX_PACKET_BYTES)
         .set_inflight(MAX_INFLIGHT);
     if address.tls {
         options.set_transport(starling_net::tls::transport(tls)?);

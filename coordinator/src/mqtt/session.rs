@@ -5,6 +5,7 @@
 use std::time::Duration;
 
 use rumqttc::{Event, EventLoop, Packet, QoS, SubscribeFilter};
+use starling_proto::limits::MAX_MESSAGE_BYTES;
 use starling_proto::Channel;
 use tokio::sync::{mpsc, watch};
 
@@ -34,23 +35,39 @@ fn clear_unwanted_retained(ingest: &Ingest, topic: &str) {
         .into_iter()
         .any(|channel| topic.ends_with(&format!("/{}", channel.as_str())));
     if unwanted {
-        if let Err(error) = ingest
-            .mqtt
-            .try_publish(topic, QoS::AtLeastOnce, true, Vec::new())
-        {
-            tracing::warn!(%error, topic, "cannot clear a retained message");
-        }
+        clear_retained(ingest, topic);
+    }
+}
+
+/// Clears the retained message of `topic` (an empty retained message).
+fn clear_retained(ingest: &Ingest, topic: &str) {
+    if let Err(error) = ingest
+        .mqtt
+        .try_publish(topic, QoS::AtLeastOnce, true, Vec::new())
+    {
+        tracing::warn!(%error, topic, "cannot clear a retained message");
     }
 }
 
 /// How often a line about dropped messages is written at most.
 const DROP_LOG_WINDOW: Duration = Duration::from_secs(10);
 
+/// Why a message was dropped at ingest.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Dropped {
+    /// Its node was over its budget on that channel.
+    OverBudget,
+    /// Telemetry or an event that found the handler's queue full.
+    Backlog,
+    /// Larger than any message Starling sends (a broker without the packet
+    /// limit let it through); a retained one is cleared.
+    Oversize,
+}
+
 /// Messages dropped at ingest since the last line about them.
 struct Drops {
     since: tokio::time::Instant,
-    over_budget: u64,
-    backlog: u64,
+    counts: [u64; 3],
     last_node: String,
 }
 
@@ -58,32 +75,35 @@ impl Drops {
     fn new() -> Self {
         Self {
             since: tokio::time::Instant::now(),
-            over_budget: 0,
-            backlog: 0,
+            counts: [0; 3],
             last_node: String::new(),
         }
     }
 
     /// Counts one dropped message (on `/metrics` at once; in the log once a
-    /// window, however many).
-    fn drop(&mut self, ingest: &Ingest, node: &str, over_budget: bool) {
-        let counter = if over_budget {
-            self.over_budget += 1;
-            &ingest.counters.messages_dropped_over_budget
-        } else {
-            self.backlog += 1;
-            &ingest.counters.messages_dropped_backlog
+    /// window, however many, and at once for the first of a window).
+    fn drop(&mut self, ingest: &Ingest, node: &str, why: Dropped) {
+        let (slot, counter) = match why {
+            Dropped::OverBudget => (0, &ingest.counters.messages_dropped_over_budget),
+            Dropped::Backlog => (1, &ingest.counters.messages_dropped_backlog),
+            Dropped::Oversize => (2, &ingest.counters.messages_dropped_oversize),
         };
         Counters::increment(counter);
+        let first = self.counts.iter().all(|count| *count == 0);
+        self.counts[slot] += 1;
         node.clone_into(&mut self.last_node);
-        if self.since.elapsed() >= DROP_LOG_WINDOW {
+        if first || self.since.elapsed() >= DROP_LOG_WINDOW {
+            let [over_budget, backlog, oversize] = self.counts;
             tracing::warn!(
-                over_budget = self.over_budget,
-                backlog = self.backlog,
+                over_budget,
+                backlog,
+                oversize,
                 last_node = %self.last_node,
-                "MQTT messages dropped at ingest: nodes over their per-channel budget, or telemetry and events while the queue was full (agents send events again until acknowledged)"
+                "MQTT messages dropped at ingest: nodes over their per-channel budget, telemetry and events while the queue was full (agents send events again until acknowledged), or messages over the protocol's size limit (a retained one is cleared)"
             );
-            *self = Self::new();
+            if !first {
+                *self = Self::new();
+            }
         }
     }
 }
@@ -116,14 +136,26 @@ pub(crate) async fn run_mqtt_loop(
                 subscribe(&ingest);
             }
             Ok(Event::Incoming(Packet::Publish(publish))) => {
+                let sender = ingest.topics.parse(&publish.topic);
+                if publish.payload.len() > MAX_MESSAGE_BYTES {
+                    // Read (the client reads up to MAX_INCOMING_PACKET_BYTES
+                    // so that it is not a connection error, again at every
+                    // reconnect), refused, and, when the broker keeps it,
+                    // cleared.
+                    if publish.retain {
+                        clear_retained(&ingest, &publish.topic);
+                    }
+                    let node = sender.as_ref().map_or("?", |(node, _)| node.as_str());
+                    drops.drop(&ingest, node, Dropped::Oversize);
+                    continue;
+                }
                 if publish.retain && !publish.payload.is_empty() {
                     clear_unwanted_retained(&ingest, &publish.topic);
                 }
                 let now_ms = unix_now_ms();
-                let sender = ingest.topics.parse(&publish.topic);
                 if let Some((node, channel)) = &sender {
                     if !budgets.admit(node.as_str(), *channel, now_ms) {
-                        drops.drop(&ingest, node.as_str(), true);
+                        drops.drop(&ingest, node.as_str(), Dropped::OverBudget);
                         continue;
                     }
                 }
@@ -138,7 +170,7 @@ pub(crate) async fn run_mqtt_loop(
                         match messages.try_send(received) {
                             Ok(()) => {}
                             Err(mpsc::error::TrySendError::Full(_)) => {
-                                drops.drop(&ingest, node.as_str(), false);
+                                drops.drop(&ingest, node.as_str(), Dropped::Backlog);
                             }
                             Err(mpsc::error::TrySendError::Closed(_)) => break,
                         }
@@ -160,7 +192,16 @@ pub(crate) async fn run_mqtt_loop(
                 ingest
                     .broker_up_since_ms
                     .store(0, std::sync::atomic::Ordering::Relaxed);
-                tracing::warn!(%error, "MQTT connection error; retrying in 1 s");
+                if matches!(
+                    error,
+                    rumqttc::ConnectionError::MqttState(rumqttc::StateError::Deserialization(
+                        rumqttc::mqttbytes::Error::PayloadSizeLimitExceeded(_)
+                    ))
+                ) {
+                    tracing::error!(%error, "the broker delivers a message larger than the coordinator reads (16 MiB); set max_packet_size (Mosquitto) on the broker to what Starling sends, and clear the retained message; retrying in 1 s");
+                } else {
+                    tracing::warn!(%error, "MQTT connection error; retrying in 1 s");
+                }
                 tokio::select! {
                     _ = tokio::time::sleep(Duration::from_secs(1)) => {}
                     _ = stop.wait_for(|stopped| *stopped) => break,

@@ -292,3 +292,67 @@ fn one_nodes_flood_does_not_slow_another_nodes_work() {
         "the drops are logged once a window, not once a message"
     );
 }
+
+/// Issue 33, item 5: on an external broker whose packet limit (2 MB here)
+/// is above what Starling sends (1 MiB and headroom), a node's 1.5 MB
+/// retained capability is waiting when the coordinator subscribes. It is
+/// read, refused, counted and cleared from the broker; the coordinator
+/// stays connected and tasks run. Before, it was a connection error at
+/// every resubscribe: reconnecting every second, dispatch frozen, until
+/// someone cleared the topic by hand.
+#[test]
+fn an_oversized_retained_message_is_cleared_and_work_goes_on() {
+    let _turn = crate::alongside();
+    let broker = Mosquitto::start();
+    let topic = "starling/v1/nodes/bloat/capability";
+    let dir = tempfile::tempdir().unwrap();
+    let payload = dir.path().join("bloat");
+    std::fs::write(&payload, vec![0xa5_u8; 1_500_000]).unwrap();
+    let published = std::process::Command::new("mosquitto_pub")
+        .args([
+            "-h",
+            "127.0.0.1",
+            "-p",
+            &broker.port.to_string(),
+            "-q",
+            "1",
+            "-r",
+        ])
+        .args(["-t", topic, "-f"])
+        .arg(&payload)
+        .status()
+        .expect("mosquitto_pub is installed");
+    assert!(published.success());
+
+    let coordinator = Coordinator::start(Some(&broker.url), Store::Sqlite, &[]);
+    let _worker = Agent::start(&coordinator, &broker.url, "worker", "");
+    coordinator.wait_for_nodes(1, Duration::from_secs(60));
+    let digest = coordinator.publish_spin(dir.path(), 1000);
+    round_trip(&coordinator, &digest, "after the bloat");
+
+    let (_, text) = coordinator.http("GET", "/metrics", None);
+    assert!(
+        metric(
+            &text,
+            "starling_mqtt_messages_dropped_total{reason=\"oversize\"}"
+        ) >= 1.0,
+        "{text}"
+    );
+    let log = coordinator.process.log();
+    assert!(
+        !log.contains("MQTT connection error"),
+        "the coordinator lost its broker connection:\n{log}"
+    );
+    // The broker no longer keeps it: a new subscriber gets no retained
+    // message on the topic.
+    let retained = std::process::Command::new("mosquitto_sub")
+        .args(["-h", "127.0.0.1", "-p", &broker.port.to_string()])
+        .args(["-t", topic, "--retained-only", "-C", "1", "-W", "2"])
+        .output()
+        .expect("mosquitto_sub is installed");
+    assert!(
+        retained.stdout.is_empty(),
+        "still retained: {} bytes",
+        retained.stdout.len()
+    );
+}

@@ -207,7 +207,7 @@ pub(crate) async fn metrics(State(shared): State<Arc<Shared>>) -> Result<Respons
     metric(
         "starling_mqtt_messages_dropped_total",
         "counter",
-        "MQTT messages dropped at ingest: over their node's per-channel budget, or telemetry and events that found the queue full.",
+        "MQTT messages dropped at ingest: over their node's per-channel budget, telemetry and events that found the queue full, or over the protocol's size limit (from a broker without the packet limit; a retained one is cleared).",
         &[
             (
                 "{reason=\"node_budget\"}".to_string(),
@@ -216,6 +216,10 @@ pub(crate) async fn metrics(State(shared): State<Arc<Shared>>) -> Result<Respons
             (
                 "{reason=\"backlog\"}".to_string(),
                 counters.messages_dropped_backlog.load(Relaxed),
+            ),
+            (
+                "{reason=\"oversize\"}".to_string(),
+                counters.messages_dropped_oversize.load(Relaxed),
             ),
         ],
     );
