@@ -24,6 +24,15 @@ use crate::Shared;
 /// token never travels in it.
 pub(crate) const SESSION_COOKIE: &str = "starling_session";
 
+/// How long a request with a wrong bearer token waits for its 401: a
+/// guesser gets a few answers a second per connection (and connections are
+/// capped), a person who mistyped does not notice.
+const FAILED_TOKEN_DELAY: std::time::Duration = std::time::Duration::from_millis(250);
+
+/// Requests refused for a wrong bearer token since start (the log shows the
+/// first and every hundredth).
+static FAILED_TOKENS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
 pub(crate) fn unauthorized(message: &str) -> Response {
     HttpError::new(ErrorCode::Unauthorized, message).into_response()
 }
@@ -150,7 +159,12 @@ pub(crate) async fn authorize(
         RouteAccess::Role(role) => role,
     };
     let Some(bootstrap) = shared.api_token.as_deref() else {
-        return next.run(request).await;
+        // Open: no token to steal, so what a browser on this machine may be
+        // made to send is checked instead.
+        return match open_mode_refusal(request.method(), request.headers(), &shared.public_url) {
+            None => next.run(request).await,
+            Some(why) => HttpError::new(ErrorCode::Forbidden, why).into_response(),
+        };
     };
     let has_header = request.headers().contains_key(header::AUTHORIZATION);
     // Copied out: the request's body is not Sync, so no reference to it may
@@ -180,12 +194,177 @@ pub(crate) async fn authorize(
             ),
         )
         .into_response(),
-        Ok(None) if has_header => unauthorized(
-            "the bearer token is unknown or revoked; pass a valid API token (starling --token, STARLING_API_TOKEN)",
-        ),
+        Ok(None) if has_header => {
+            // Guessing costs the guesser time, and is seen.
+            let failures = FAILED_TOKENS.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
+            if failures == 1 || failures.is_multiple_of(100) {
+                tracing::warn!(failures, %method, route, "a request with an unknown or revoked bearer token was refused");
+            }
+            tokio::time::sleep(FAILED_TOKEN_DELAY).await;
+            unauthorized(
+                "the bearer token is unknown or revoked; pass a valid API token (starling --token, STARLING_API_TOKEN)",
+            )
+        }
         Ok(None) => unauthorized(
             "this coordinator requires an API token; send Authorization: Bearer TOKEN (starling --token, STARLING_API_TOKEN)",
         ),
         Err(error) => error.into_response(),
+    }
+}
+
+/// Why an open coordinator (no `--api-token`) refuses a request a web page
+/// could have made a browser send, if it does: with no token to present, a
+/// cross-site `POST` from any page the operator opens would otherwise
+/// revoke nodes or submit work (issue 33). Every request must name this
+/// coordinator in `Host` (a loopback name or address, or the host of its
+/// public URL: a DNS-rebinding page names its own); a request that changes
+/// something must not come from another site (`Sec-Fetch-Site`) or another
+/// origin (`Origin` naming another host than `Host`). Programs (the CLI,
+/// curl) send neither header and pass.
+pub(crate) fn open_mode_refusal(
+    method: &Method,
+    headers: &HeaderMap,
+    public_url: &str,
+) -> Option<&'static str> {
+    let header_text = |name| headers.get(name).and_then(|value| value.to_str().ok());
+    let host = header_text(header::HOST).unwrap_or("");
+    let public_host = public_url
+        .split_once("://")
+        .map_or(public_url, |(_, rest)| rest)
+        .split('/')
+        .next()
+        .unwrap_or("");
+    if !host.is_empty() && !host.eq_ignore_ascii_case(public_host) && !is_loopback_host(host) {
+        return Some("this coordinator runs without API tokens and answers only requests addressed to it (Host: a loopback name or its public URL's host); set --api-token to serve other names");
+    }
+    if *method == Method::GET || *method == Method::HEAD || *method == Method::OPTIONS {
+        return None;
+    }
+    if let Some(site) = header_text(axum::http::HeaderName::from_static("sec-fetch-site")) {
+        if site != "same-origin" && site != "none" {
+            return Some("a cross-site request may not change anything on a coordinator without API tokens; call it from the CLI or set --api-token");
+        }
+    }
+    if let Some(origin) = header_text(header::ORIGIN) {
+        let origin_host = origin.split_once("://").map_or(origin, |(_, rest)| rest);
+        if !origin_host.eq_ignore_ascii_case(host) {
+            return Some("a request from another origin may not change anything on a coordinator without API tokens; call it from the CLI or set --api-token");
+        }
+    }
+    None
+}
+
+/// Whether `host` (a `Host` header: name or address, with or without a
+/// port) is this machine's loopback.
+fn is_loopback_host(host: &str) -> bool {
+    let name = if let Some(rest) = host.strip_prefix('[') {
+        rest.split(']').next().unwrap_or("")
+    } else {
+        host.rsplit_once(':').map_or(host, |(name, port)| {
+            if port.chars().all(|c| c.is_ascii_digit()) {
+                name
+            } else {
+                host
+            }
+        })
+    };
+    name.eq_ignore_ascii_case("localhost")
+        || name
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.to_canonical().is_loopback())
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+mod tests {
+    use super::*;
+
+    fn headers(pairs: &[(&'static str, &str)]) -> HeaderMap {
+        let mut map = HeaderMap::new();
+        for (name, value) in pairs {
+            map.insert(
+                axum::http::HeaderName::from_static(name),
+                value.parse().unwrap(),
+            );
+        }
+        map
+    }
+
+    const PUBLIC: &str = "http://127.0.0.1:8080";
+
+    #[test]
+    fn programs_and_same_origin_pages_pass() {
+        for (method, pairs) in [
+            (Method::POST, vec![("host", "127.0.0.1:8080")]),
+            (Method::POST, vec![]),
+            (
+                Method::DELETE,
+                vec![
+                    ("host", "localhost:8080"),
+                    ("origin", "http://localhost:8080"),
+                    ("sec-fetch-site", "same-origin"),
+                ],
+            ),
+            (Method::POST, vec![("host", "[::1]:8080")]),
+            (
+                Method::GET,
+                vec![("host", "127.0.0.1:8080"), ("sec-fetch-site", "cross-site")],
+            ),
+        ] {
+            assert_eq!(
+                open_mode_refusal(&method, &headers(&pairs), PUBLIC),
+                None,
+                "{method} {pairs:?}"
+            );
+        }
+        // The public URL's own host, whatever it is.
+        let public = "https://edge.example:8443";
+        assert_eq!(
+            open_mode_refusal(
+                &Method::POST,
+                &headers(&[("host", "edge.example:8443")]),
+                public
+            ),
+            None
+        );
+    }
+
+    #[test]
+    fn cross_site_writes_and_rebound_names_are_refused() {
+        for (method, pairs) in [
+            (
+                Method::POST,
+                vec![("host", "127.0.0.1:8080"), ("sec-fetch-site", "cross-site")],
+            ),
+            (
+                Method::POST,
+                vec![("host", "127.0.0.1:8080"), ("sec-fetch-site", "same-site")],
+            ),
+            (
+                Method::DELETE,
+                vec![
+                    ("host", "127.0.0.1:8080"),
+                    ("origin", "http://evil.example"),
+                ],
+            ),
+            (
+                Method::POST,
+                vec![("host", "127.0.0.1:8080"), ("origin", "null")],
+            ),
+            // DNS rebinding: the page's own name, pointed at 127.0.0.1.
+            (Method::GET, vec![("host", "evil.example:8080")]),
+            (
+                Method::POST,
+                vec![
+                    ("host", "evil.example:8080"),
+                    ("origin", "http://evil.example:8080"),
+                ],
+            ),
+        ] {
+            assert!(
+                open_mode_refusal(&method, &headers(&pairs), PUBLIC).is_some(),
+                "{method} {pairs:?}"
+            );
+        }
     }
 }

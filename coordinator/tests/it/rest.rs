@@ -458,6 +458,68 @@ async fn a_connection_stalled_in_its_headers_is_closed() {
     tls.shutdown().await;
 }
 
+/// Issue 33, item 6: a coordinator without API tokens (loopback) refuses
+/// what a web page could make the operator's browser send: a cross-site
+/// revocation, a write from another origin, and any request under a name
+/// that is not its own (DNS rebinding). The CLI's requests (no `Origin`, no
+/// `Sec-Fetch-Site`) and same-origin pages still work; a wrong bearer token
+/// on a coordinator with tokens waits a quarter of a second for its 401.
+#[tokio::test]
+async fn an_open_coordinator_refuses_what_a_web_page_could_send() {
+    let dir = tempfile::tempdir().unwrap();
+    let running = common::start_coordinator(dir.path(), |_| {}).await;
+    let base = running.rest_url();
+    let http = reqwest::Client::new();
+    let revoke = |headers: &[(&'static str, &str)]| {
+        let mut request = http.post(format!("{base}/api/v1/nodes/some-node/revoke"));
+        for (name, value) in headers {
+            request = request.header(*name, *value);
+        }
+        request.send()
+    };
+    for refused in [
+        vec![("sec-fetch-site", "cross-site")],
+        vec![("origin", "http://evil.example")],
+        vec![("host", "evil.example")],
+    ] {
+        let answer = revoke(&refused).await.unwrap();
+        let body = error_of(answer, StatusCode::FORBIDDEN).await;
+        assert_eq!(body["error"], "forbidden", "{refused:?}: {body}");
+    }
+    let rebound = http
+        .get(format!("{base}/api/v1/nodes"))
+        .header("host", "evil.example")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(rebound.status(), StatusCode::FORBIDDEN);
+    // What the CLI sends, and a same-origin page, get through (to the
+    // revocation's own answer: the node was never enrolled).
+    let host = base.trim_start_matches("http://").to_string();
+    for allowed in [
+        vec![],
+        vec![("origin", format!("http://{host}").leak() as &str)],
+    ] {
+        let answer = revoke(&allowed).await.unwrap();
+        assert_ne!(answer.status(), StatusCode::FORBIDDEN, "{allowed:?}");
+    }
+    running.shutdown().await;
+
+    let dir = tempfile::tempdir().unwrap();
+    let running =
+        common::start_coordinator(dir.path(), |c| c.api_token = Some("s3cret".into())).await;
+    let started = std::time::Instant::now();
+    let wrong = http
+        .get(format!("{}/api/v1/nodes", running.rest_url()))
+        .bearer_auth("guess")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(wrong.status(), StatusCode::UNAUTHORIZED);
+    assert!(started.elapsed() >= Duration::from_millis(250));
+    running.shutdown().await;
+}
+
 #[tokio::test]
 async fn calls_need_the_token() {
     let dir = tempfile::tempdir().unwrap();
