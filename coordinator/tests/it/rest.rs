@@ -520,6 +520,70 @@ async fn an_open_coordinator_refuses_what_a_web_page_could_send() {
     running.shutdown().await;
 }
 
+/// Issue 33, item 6: an open `GET /api/v1/events` stream ends soon after
+/// its token is revoked (it used to stream on for as long as it stayed
+/// open), and its reconnect is refused.
+#[tokio::test]
+async fn an_event_stream_ends_when_its_token_is_revoked() {
+    use futures_util::StreamExt as _;
+    let dir = tempfile::tempdir().unwrap();
+    let running =
+        common::start_coordinator(dir.path(), |c| c.api_token = Some("s3cret".into())).await;
+    let base = format!("{}/api/v1", running.rest_url());
+    let http = reqwest::Client::new();
+    let created: Value = http
+        .post(format!("{base}/api-tokens"))
+        .bearer_auth("s3cret")
+        .json(&json!({"name": "watcher", "role": "viewer"}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let token = created["token"].as_str().unwrap().to_string();
+    let stream = http
+        .get(format!("{base}/events"))
+        .bearer_auth(&token)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(stream.status(), StatusCode::OK);
+    let revoked = http
+        .post(format!(
+            "{base}/api-tokens/{}/revoke",
+            created["id"].as_str().unwrap()
+        ))
+        .bearer_auth("s3cret")
+        .send()
+        .await
+        .unwrap();
+    assert!(revoked.status().is_success(), "{}", revoked.status());
+    let revoked_at = std::time::Instant::now();
+    let mut body = stream.bytes_stream();
+    let ended = tokio::time::timeout(Duration::from_secs(15), async {
+        while let Some(chunk) = body.next().await {
+            if chunk.is_err() {
+                break;
+            }
+        }
+    })
+    .await;
+    assert!(
+        ended.is_ok(),
+        "the stream of a revoked token was still open after 15 s"
+    );
+    assert!(revoked_at.elapsed() <= Duration::from_secs(12));
+    let again = http
+        .get(format!("{base}/events"))
+        .bearer_auth(&token)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(again.status(), StatusCode::UNAUTHORIZED);
+    running.shutdown().await;
+}
+
 #[tokio::test]
 async fn calls_need_the_token() {
     let dir = tempfile::tempdir().unwrap();

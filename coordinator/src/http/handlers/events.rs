@@ -110,11 +110,57 @@ pub(crate) async fn events(
     };
     let resume = resume_position(&headers)?;
     let subscription = shared.feed.subscribe(filter, resume);
-    let stream = futures_util::stream::unfold(subscription, |mut subscription| async move {
-        let delivery = subscription.next().await?;
-        Some((Ok(sse_event(delivery)), subscription))
-    });
+    let state = (subscription, shared, headers, std::time::Instant::now());
+    let stream = futures_util::stream::unfold(
+        state,
+        |(mut subscription, shared, headers, mut checked)| async move {
+            loop {
+                let delivery = tokio::time::timeout(RECHECK, subscription.next()).await;
+                if checked.elapsed() >= RECHECK {
+                    checked = std::time::Instant::now();
+                    if !still_allowed(&shared, &headers).await {
+                        // Revoked (or signed out): the stream ends, and the
+                        // client's reconnect meets the 401.
+                        return None;
+                    }
+                }
+                match delivery {
+                    Err(_) => continue,
+                    Ok(delivery) => {
+                        return Some((
+                            Ok(sse_event(delivery?)),
+                            (subscription, shared, headers, checked),
+                        ))
+                    }
+                }
+            }
+        },
+    );
     Ok(Sse::new(stream).keep_alive(KeepAlive::new().interval(KEEP_ALIVE)))
+}
+
+/// How often an open stream checks that its caller's token (or console
+/// session) still stands, so a revoked token's stream ends within this.
+pub(crate) const RECHECK: Duration = Duration::from_secs(5);
+
+/// Whether the caller of a stream may still read it: its bearer token, or
+/// else its console session, still gives a role that reads events. Always
+/// on an open coordinator (no `--api-token`).
+async fn still_allowed(shared: &Shared, headers: &HeaderMap) -> bool {
+    let Some(bootstrap) = shared.api_token.as_deref() else {
+        return true;
+    };
+    let bearer = headers
+        .get(axum::http::header::AUTHORIZATION)
+        .and_then(|value| value.to_str().ok())
+        .and_then(|value| value.strip_prefix("Bearer "));
+    let role = match bearer {
+        Some(token) => crate::http::auth::caller_role(shared, bootstrap, Some(token)).await,
+        None => crate::http::auth::session_caller(shared, headers)
+            .await
+            .map(|caller| caller.map(|caller| caller.role)),
+    };
+    matches!(role, Ok(Some(role)) if role.allows(starling_api::Role::Viewer))
 }
 
 /// Waits until task `id` has ended or `wait` has passed, whichever is
