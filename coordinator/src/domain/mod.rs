@@ -37,6 +37,7 @@ mod tests {
         ("attempts.rs", include_str!("attempts.rs")),
         ("delivery.rs", include_str!("delivery.rs")),
         ("liveness.rs", include_str!("liveness.rs")),
+        ("budget.rs", include_str!("budget.rs")),
         ("mod.rs", include_str!("mod.rs")),
         ("reconcile.rs", include_str!("reconcile.rs")),
         ("reports.rs", include_str!("reports.rs")),
