@@ -344,8 +344,11 @@ mod tests {
         }
         // Stands in for a Mosquitto that was reloading when the first SIGHUP
         // came (so it dropped it) and rereads the password file on the next.
-        let reloader = std::process::Command::new("sh")
-            .arg("-c")
+        // SIGHUP's default action back first: a shell cannot trap a signal
+        // it was started with ignored, and a test run under nohup (as
+        // scripts/ci-timings once ran CI) would pass that on.
+        let reloader = std::process::Command::new("env")
+            .args(["--default-signal=HUP", "sh", "-c"])
             .arg(
                 r#"trap 'echo hup >> "$1"; [ "$(wc -l < "$1")" -ge 2 ] && cat "$2" > /dev/null' HUP
                    touch "$3"
