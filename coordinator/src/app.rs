@@ -511,6 +511,16 @@ pub async fn start(config: CoordinatorConfig) -> Result<Running, StartError> {
         }
     };
 
+    if config.broker.is_some() {
+        // An operator's broker: whether it has the packet limit the
+        // coordinator's own broker has is found out beside the start.
+        tokio::spawn(mqtt::client::check_packet_limit(
+            own_address.clone(),
+            config.mqtt_tls.clone(),
+            login.map(|(user, password)| (user.to_owned(), password.to_owned())),
+        ));
+    }
+
     if config.public_url.is_none() && rest_addr.ip().is_unspecified() {
         tracing::warn!(
             %public_url,

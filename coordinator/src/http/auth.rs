@@ -29,9 +29,26 @@ pub(crate) const SESSION_COOKIE: &str = "starling_session";
 /// capped), a person who mistyped does not notice.
 const FAILED_TOKEN_DELAY: std::time::Duration = std::time::Duration::from_millis(250);
 
-/// Requests refused for a wrong bearer token since start (the log shows the
+/// Requests refused for a wrong token since start (the log shows the
 /// first and every hundredth).
 static FAILED_TOKENS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// What every refusal of an unknown or revoked token pays, whether it came
+/// as a bearer header or through the console's sign-in form: guessing costs
+/// the guesser time, and is seen (the first refusal and every hundredth are
+/// logged, so a guesser cannot flood the log either).
+pub(crate) async fn refuse_slowly(method: &Method, route: &str) {
+    let failures = FAILED_TOKENS.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
+    if failures == 1 || failures.is_multiple_of(100) {
+        tracing::warn!(
+            failures,
+            %method,
+            route,
+            "a request with an unknown or revoked token was refused"
+        );
+    }
+    tokio::time::sleep(FAILED_TOKEN_DELAY).await;
+}
 
 pub(crate) fn unauthorized(message: &str) -> Response {
     HttpError::new(ErrorCode::Unauthorized, message).into_response()
@@ -195,12 +212,7 @@ pub(crate) async fn authorize(
         )
         .into_response(),
         Ok(None) if has_header => {
-            // Guessing costs the guesser time, and is seen.
-            let failures = FAILED_TOKENS.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
-            if failures == 1 || failures.is_multiple_of(100) {
-                tracing::warn!(failures, %method, route, "a request with an unknown or revoked bearer token was refused");
-            }
-            tokio::time::sleep(FAILED_TOKEN_DELAY).await;
+            refuse_slowly(&method, &route).await;
             unauthorized(
                 "the bearer token is unknown or revoked; pass a valid API token (starling --token, STARLING_API_TOKEN)",
             )

@@ -517,6 +517,20 @@ async fn an_open_coordinator_refuses_what_a_web_page_could_send() {
         .unwrap();
     assert_eq!(wrong.status(), StatusCode::UNAUTHORIZED);
     assert!(started.elapsed() >= Duration::from_millis(250));
+    // A guess through the console's sign-in form costs the same.
+    let started = std::time::Instant::now();
+    let signed_in = http
+        .post(format!("{}/login", running.rest_url()))
+        .header("content-type", "application/x-www-form-urlencoded")
+        .body("token=guess&next=%2F")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(signed_in.status(), StatusCode::UNAUTHORIZED);
+    assert!(
+        started.elapsed() >= Duration::from_millis(250),
+        "a failed sign-in answered at once"
+    );
     running.shutdown().await;
 }
 

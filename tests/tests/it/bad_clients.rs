@@ -343,6 +343,12 @@ fn an_oversized_retained_message_is_cleared_and_work_goes_on() {
         !log.contains("MQTT connection error"),
         "the coordinator lost its broker connection:\n{log}"
     );
+    // The harness's broker allows 2 MB packets, above the 1 MiB and a bit
+    // Starling's own broker allows: the coordinator said so at start.
+    assert!(
+        log.contains("the broker takes packets larger than"),
+        "no warning about the broker's packet limit:\n{log}"
+    );
     // The broker no longer keeps it: a new subscriber gets no retained
     // message on the topic.
     let retained = std::process::Command::new("mosquitto_sub")
@@ -355,4 +361,40 @@ fn an_oversized_retained_message_is_cleared_and_work_goes_on() {
         "still retained: {} bytes",
         retained.stdout.len()
     );
+}
+
+/// The coordinator's probe tells a broker with Starling's packet limit from
+/// one without (the test above has one without): here it finds the limit,
+/// and the broker's refusal of the probe does not touch the coordinator's
+/// own session (work still runs).
+#[test]
+fn a_broker_with_the_packet_limit_is_found_to_have_it() {
+    let _turn = crate::alongside();
+    let broker = Mosquitto::start_with_config(&format!(
+        "allow_anonymous true\nmax_packet_size {}",
+        starling_coordinator::access::MAX_PACKET_BYTES
+    ));
+    let coordinator = Coordinator::start(Some(&broker.url), Store::Sqlite, &[]);
+    let started = Instant::now();
+    while !coordinator
+        .process
+        .log()
+        .contains("the broker enforces the packet limit")
+    {
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "the probe did not find the limit:\n{}",
+            coordinator.process.log()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let _worker = Agent::start(&coordinator, &broker.url, "worker", "");
+    coordinator.wait_for_nodes(1, Duration::from_secs(60));
+    let dir = tempfile::tempdir().unwrap();
+    let digest = coordinator.publish_spin(dir.path(), 1000);
+    round_trip(&coordinator, &digest, "beside a broker with the limit");
+    assert!(!coordinator
+        .process
+        .log()
+        .contains("the broker takes packets larger than"));
 }

@@ -16,6 +16,7 @@ mod architecture;
 mod bad_clients;
 mod bad_input;
 mod bridges;
+mod ci;
 mod console;
 mod end_to_end;
 mod events;

@@ -91,6 +91,11 @@ fn wait_offline(coordinator: &Coordinator, node: &str) {
 
 #[test]
 fn small_and_jit_agents_each_get_code_they_can_run() {
+    // Built before this test takes its turn: a test that waits for its
+    // turn alone would otherwise wait for this build, and every other test
+    // behind it (scripts/test builds it before the tests; this is for a
+    // run of this test by itself).
+    starling_tests::small_agent_binary();
     let _turn = crate::alongside();
     let started = std::time::Instant::now();
     let phase = |what: &str| eprintln!("[{:>6.1} s] {what}", started.elapsed().as_secs_f64());

@@ -22,6 +22,12 @@ pub(crate) const SESSION_TTL_MS: u64 = 12 * 3600 * 1000;
 /// to expiry, so a flood of sign-ins cannot grow memory without bound.
 pub(crate) const MAX_SESSIONS: usize = 10_000;
 
+/// Most sessions one token holds at once (a person's browsers and devices):
+/// past it, signing in with that token drops the token's own session
+/// closest to expiry, so a flood of sign-ins with one token, a viewer's
+/// say, never pushes out anyone else's session.
+pub(crate) const MAX_SESSIONS_PER_TOKEN: usize = 32;
+
 /// What a session was opened with.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum Credential {
@@ -64,6 +70,18 @@ fn random_hex() -> Result<String, NoRandomness> {
     Ok(hex::encode(bytes))
 }
 
+/// Drops the session closest to expiry among those `which` selects.
+fn remove_oldest(table: &mut HashMap<String, Session>, which: impl Fn(&Session) -> bool) {
+    if let Some(oldest) = table
+        .iter()
+        .filter(|(_, session)| which(session))
+        .min_by_key(|(_, session)| session.expires_ms)
+        .map(|(key, _)| key.clone())
+    {
+        table.remove(&oldest);
+    }
+}
+
 /// The table. Keys are the sha256 of session ids, so a lookup's timing says
 /// nothing about how close a guessed id came to a real one.
 #[derive(Debug, Default)]
@@ -98,14 +116,19 @@ impl Sessions {
         if table.len() >= MAX_SESSIONS {
             table.retain(|_, session| session.expires_ms > now_ms);
         }
-        if table.len() >= MAX_SESSIONS {
-            if let Some(oldest) = table
-                .iter()
-                .min_by_key(|(_, session)| session.expires_ms)
-                .map(|(key, _)| key.clone())
-            {
-                table.remove(&oldest);
+        // The token's own sessions first (open mode has no token: there,
+        // only the table's bound applies).
+        if matches!(session.credential, Credential::Token { .. }) {
+            let own = table
+                .values()
+                .filter(|held| held.credential == session.credential)
+                .count();
+            if own >= MAX_SESSIONS_PER_TOKEN {
+                remove_oldest(&mut table, |held| held.credential == session.credential);
             }
+        }
+        if table.len() >= MAX_SESSIONS {
+            remove_oldest(&mut table, |_| true);
         }
         table.insert(access::sha256_hex(&id), session.clone());
         Ok((SessionId(id), session))
@@ -181,6 +204,27 @@ mod tests {
         sessions.close_token("x");
         assert!(sessions.get(&b.0, 1).is_none());
         assert!(sessions.get(&c.0, 1).is_some());
+    }
+
+    #[test]
+    fn one_token_signing_in_again_and_again_pushes_out_only_its_own_sessions() {
+        let sessions = Sessions::default();
+        let (admin, _) = sessions.open(Role::Admin, token("admin"), 0).unwrap();
+        let mut viewer = Vec::new();
+        for i in 1..=10_000u64 {
+            viewer.push(sessions.open(Role::Viewer, token("viewer"), i).unwrap().0);
+        }
+        assert!(
+            sessions.get(&admin.0, 10_001).is_some(),
+            "the admin kept its session"
+        );
+        assert_eq!(sessions.len(), 1 + MAX_SESSIONS_PER_TOKEN);
+        // The viewer's newest sessions are the ones it keeps.
+        let kept = viewer.len() - MAX_SESSIONS_PER_TOKEN;
+        assert!(sessions.get(&viewer[kept - 1].0, 10_001).is_none());
+        assert!(viewer[kept..]
+            .iter()
+            .all(|id| sessions.get(&id.0, 10_001).is_some()));
     }
 
     #[test]

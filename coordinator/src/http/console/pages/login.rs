@@ -5,7 +5,7 @@
 use std::sync::Arc;
 
 use axum::extract::{Query, State};
-use axum::http::{header, StatusCode};
+use axum::http::{header, Method, StatusCode};
 use axum::response::{IntoResponse, Redirect, Response};
 use axum::Extension;
 use maud::{html, Markup};
@@ -15,7 +15,7 @@ use super::super::gate::{clear_cookie_header, session_cookie_header, FormFields,
 use super::super::layout::{bare_page, respond, ConsoleError};
 use super::super::session::Credential;
 use crate::access;
-use crate::http::auth::caller_role;
+use crate::http::auth::{caller_role, refuse_slowly};
 use crate::task::unix_now_ms;
 use crate::Shared;
 
@@ -79,10 +79,11 @@ pub(crate) async fn login(State(shared): State<Arc<Shared>>, body: axum::body::B
     let role = match caller_role(&shared, bootstrap, Some(token)).await {
         Ok(Some(role)) => role,
         Ok(None) => {
+            refuse_slowly(&Method::POST, "/login").await;
             return respond(
                 StatusCode::UNAUTHORIZED,
                 form(&next, Some("That token is unknown or revoked.")),
-            )
+            );
         }
         Err(error) => return ConsoleError::from_http(error).await.into_response(),
     };
