@@ -67,6 +67,9 @@ error_codes! {
     ArtifactNotFound = "artifact_not_found" => 404,
     /// The upload exceeds `--max-artifact-bytes`.
     ArtifactTooLarge = "artifact_too_large" => 413,
+    /// The upload would take the caller's token past its share of the
+    /// artifact store (`artifact-quota-bytes`).
+    ArtifactQuotaExceeded = "artifact_quota_exceeded" => 413,
     /// Neither a valid wasm module nor a valid OpenCL package.
     InvalidArtifact = "invalid_artifact" => 400,
     /// Not 64 hex digits.

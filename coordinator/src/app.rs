@@ -120,6 +120,8 @@ pub(crate) struct Shared {
     /// Signs every assignment sent.
     pub(crate) signer: signing::Signer,
     pub(crate) max_artifact_bytes: usize,
+    /// Most bytes of stored artifacts one API token may have.
+    pub(crate) artifact_quota_bytes: u64,
     pub(crate) api_token: Option<String>,
     /// Which nodes are revoked; the coordinator's own MQTT user.
     pub(crate) mqtt_access: Arc<access::MqttAccess>,
@@ -502,24 +504,15 @@ pub async fn start(config: CoordinatorConfig) -> Result<Running, StartError> {
             .as_deref()
             .map(|user| (user, config.mqtt_password.as_deref().unwrap_or(""))),
     };
-    let (mqtt, eventloop) = match mqtt::client::connect(&own_address, &config.mqtt_tls, login).await
-    {
+    let operators_broker = config.broker.is_some();
+    let connected = mqtt::client::connect(&own_address, &config.mqtt_tls, login, operators_broker);
+    let (mqtt, eventloop) = match connected.await {
         Ok(connected) => connected,
         Err(error) => {
             store.close().await;
             return Err(error.into());
         }
     };
-
-    if config.broker.is_some() {
-        // An operator's broker: whether it has the packet limit the
-        // coordinator's own broker has is found out beside the start.
-        tokio::spawn(mqtt::client::check_packet_limit(
-            own_address.clone(),
-            config.mqtt_tls.clone(),
-            login.map(|(user, password)| (user.to_owned(), password.to_owned())),
-        ));
-    }
 
     if config.public_url.is_none() && rest_addr.ip().is_unspecified() {
         tracing::warn!(
@@ -566,6 +559,7 @@ pub async fn start(config: CoordinatorConfig) -> Result<Running, StartError> {
         node_timeout_ms: u64::try_from(config.node_timeout.as_millis()).unwrap_or(u64::MAX),
         signer,
         max_artifact_bytes: config.max_artifact_bytes,
+        artifact_quota_bytes: config.artifact_quota_bytes,
         api_token: config.api_token.clone(),
         mqtt_access,
         mosquitto: mosquitto.map(access::MosquittoWriter::new),
@@ -638,6 +632,13 @@ pub async fn start(config: CoordinatorConfig) -> Result<Running, StartError> {
                 node_timeout_ms: shared.node_timeout_ms,
                 max_attempts: shared.max_attempts,
                 feed: shared.feed.clone(),
+            },
+            stop_rx.clone(),
+        )),
+        tokio::spawn(loops::artifacts::run(
+            loops::artifacts::Collector {
+                store: shared.store.clone(),
+                grace: config.artifact_grace,
             },
             stop_rx.clone(),
         )),

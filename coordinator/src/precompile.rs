@@ -209,7 +209,7 @@ mod tests {
         let bytes = module();
         let digest = Digest(Sha256::digest(&bytes).into());
         store
-            .put_artifact(&digest, &bytes, Runtime::Wasm, NOW)
+            .put_artifact(&digest, &bytes, Runtime::Wasm, "", NOW)
             .await
             .unwrap();
         let registry = Arc::new(NodeRegistry::new());

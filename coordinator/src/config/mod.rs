@@ -25,6 +25,12 @@ pub const DEFAULT_POLICY: &str = "heuristic";
 pub const DEFAULT_MAX_ATTEMPTS: u32 = 3;
 /// Largest artifact accepted, in bytes.
 pub const DEFAULT_MAX_ARTIFACT_BYTES: usize = 32 * 1024 * 1024;
+/// Most bytes of artifacts one API token may have stored: 64 of the
+/// largest, so no one token fills the database's disk (issue 33).
+pub const DEFAULT_ARTIFACT_QUOTA_BYTES: u64 = 2 * 1024 * 1024 * 1024;
+/// How long an artifact no task references is kept after its upload
+/// before it is collected: a day, so `publish` and a later `run` meet.
+pub const DEFAULT_ARTIFACT_GRACE: Duration = Duration::from_secs(24 * 3600);
 /// Silence after which a node is suspected and its tasks re-placed: five
 /// missed telemetry reports (agents send one a second).
 pub const DEFAULT_NODE_TIMEOUT: Duration = Duration::from_secs(5);
@@ -70,6 +76,10 @@ pub struct CoordinatorConfig {
     pub max_attempts: u32,
     /// Largest artifact accepted, in bytes.
     pub max_artifact_bytes: usize,
+    /// Most bytes of stored artifacts one API token may have.
+    pub artifact_quota_bytes: u64,
+    /// How long an artifact no task references is kept after its upload.
+    pub artifact_grace: Duration,
     /// Events the live stream holds for clients that resume or read slowly.
     pub event_buffer: usize,
     /// How often the scheduler looks at the queue when nothing wakes it.
@@ -157,6 +167,8 @@ impl Default for CoordinatorConfig {
             api_token: None,
             max_attempts: DEFAULT_MAX_ATTEMPTS,
             max_artifact_bytes: DEFAULT_MAX_ARTIFACT_BYTES,
+            artifact_quota_bytes: DEFAULT_ARTIFACT_QUOTA_BYTES,
+            artifact_grace: DEFAULT_ARTIFACT_GRACE,
             event_buffer: crate::live::DEFAULT_CAPACITY,
             schedule_interval: Duration::from_millis(1000),
             node_timeout: DEFAULT_NODE_TIMEOUT,
@@ -232,6 +244,10 @@ pub struct FileConfig {
     pub max_attempts: Option<u32>,
     /// Largest artifact, in bytes.
     pub max_artifact_bytes: Option<usize>,
+    /// Most bytes of stored artifacts per API token.
+    pub artifact_quota_bytes: Option<u64>,
+    /// How long an unreferenced artifact is kept (`36h`, `30m`).
+    pub artifact_grace: Option<String>,
     /// `--event-buffer`.
     pub event_buffer: Option<usize>,
     /// `--node-timeout`.
@@ -600,6 +616,15 @@ impl ServeArgs {
             max_artifact_bytes: file
                 .max_artifact_bytes
                 .unwrap_or(defaults.max_artifact_bytes),
+            artifact_quota_bytes: file
+                .artifact_quota_bytes
+                .unwrap_or(defaults.artifact_quota_bytes),
+            artifact_grace: duration(
+                "artifact-grace",
+                &None,
+                &file.artifact_grace,
+                defaults.artifact_grace,
+            )?,
             event_buffer: self
                 .event_buffer
                 .and_then(|events| usize::try_from(events).ok())

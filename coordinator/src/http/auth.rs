@@ -50,6 +50,20 @@ pub(crate) async fn refuse_slowly(method: &Method, route: &str) {
     tokio::time::sleep(FAILED_TOKEN_DELAY).await;
 }
 
+/// Whom a request is charged to (the artifact quota): the sha256 (hex) of
+/// its bearer token, or '' without one (no token enforced: one share for
+/// everyone). The route's role was checked before the handler ran.
+pub(crate) fn caller_key(headers: &HeaderMap) -> String {
+    headers
+        .get(header::AUTHORIZATION)
+        .and_then(|value| value.to_str().ok())
+        .and_then(|value| value.strip_prefix("Bearer "))
+        .map(str::trim)
+        .filter(|token| !token.is_empty())
+        .map(access::sha256_hex)
+        .unwrap_or_default()
+}
+
 pub(crate) fn unauthorized(message: &str) -> Response {
     HttpError::new(ErrorCode::Unauthorized, message).into_response()
 }

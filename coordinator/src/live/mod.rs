@@ -163,6 +163,11 @@ impl Feed {
         self.inner.clients.load(Ordering::Relaxed)
     }
 
+    /// The sequence number of the newest event.
+    pub(crate) fn latest_seq(&self) -> u64 {
+        self.ring().latest()
+    }
+
     /// The position of the newest event.
     #[cfg(test)]
     pub(crate) fn position(&self) -> StreamPosition {

@@ -192,8 +192,28 @@ pub(crate) async fn check_packet_limit(
     found
 }
 
-/// Connects the coordinator's MQTT client and waits for the broker's ConnAck.
+/// Connects the coordinator's MQTT client and waits for the broker's
+/// ConnAck. On an operator's broker (`check_limit`), whether it has the
+/// packet limit the coordinator's own broker has is then found out beside
+/// the start ([`check_packet_limit`]).
 pub(crate) async fn connect(
+    address: &BrokerAddress,
+    tls: &starling_net::MqttTlsFiles,
+    login: Option<(&str, &str)>,
+    check_limit: bool,
+) -> Result<(MqttClient, EventLoop), ConnectError> {
+    let connected = connect_client(address, tls, login).await?;
+    if check_limit {
+        tokio::spawn(check_packet_limit(
+            address.clone(),
+            tls.clone(),
+            login.map(|(user, password)| (user.to_owned(), password.to_owned())),
+        ));
+    }
+    Ok(connected)
+}
+
+async fn connect_client(
     address: &BrokerAddress,
     tls: &starling_net::MqttTlsFiles,
     login: Option<(&str, &str)>,

@@ -313,7 +313,7 @@ fn new_task(id: &str, artifact: Digest, created_ms: u64) -> NewTask {
 async fn batch_insert_is_all_or_nothing(store: &Store) {
     let artifact = Digest([9; 32]);
     store
-        .put_artifact(&artifact, b"\0asm", Runtime::Wasm, 1)
+        .put_artifact(&artifact, b"\0asm", Runtime::Wasm, "", 1)
         .await
         .unwrap();
     let batch = [

@@ -62,7 +62,7 @@ async fn artifact(store: &Store) -> Digest {
     let bytes = common::minimal_wasm();
     let digest = Digest(Sha256::digest(&bytes).into());
     store
-        .put_artifact(&digest, &bytes, Runtime::Wasm, 0)
+        .put_artifact(&digest, &bytes, Runtime::Wasm, "", 0)
         .await
         .unwrap();
     digest

@@ -74,7 +74,7 @@ async fn a_deposed_leaders_writes_fail_and_change_nothing() {
     let ((a, lead_a), (b, lead_b)) = two_replicas(&db.url).await;
     let bytes = common::minimal_wasm();
     let digest = Digest(Sha256::digest(&bytes).into());
-    a.put_artifact(&digest, &bytes, Runtime::Wasm, 1)
+    a.put_artifact(&digest, &bytes, Runtime::Wasm, "", 1)
         .await
         .unwrap();
     for id in ["t1", "t2", "t3"] {

@@ -767,3 +767,203 @@ async fn openapi_document_is_checked_in_and_every_get_path_answers() {
     assert!(checked >= 7, "only {checked} GET paths in the document");
     running.shutdown().await;
 }
+
+/// Issue 33, item 6: one token cannot fill the artifact store. Its uploads
+/// are refused past its quota, with what it holds and how to free it;
+/// bytes already stored cost nothing again, and another token's share is
+/// its own.
+#[tokio::test]
+async fn a_token_past_its_artifact_quota_is_refused_and_others_are_not() {
+    let dir = tempfile::tempdir().unwrap();
+    // A module with a custom section of 100 distinct bytes: a new digest each.
+    let module = |n: u8| {
+        let mut bytes = common::minimal_wasm();
+        bytes.extend([0x00, 102, 1, b'q']);
+        bytes.extend([n; 100]);
+        bytes
+    };
+    let size = module(0).len() as u64;
+    let running = common::start_coordinator(dir.path(), |c| {
+        c.api_token = Some("s3cret".into());
+        c.artifact_quota_bytes = 3 * size + size / 2;
+    })
+    .await;
+    let base = format!("{}/api/v1", running.rest_url());
+    let http = reqwest::Client::new();
+    let mut tokens = Vec::new();
+    for name in ["one", "two"] {
+        let created: Value = http
+            .post(format!("{base}/api-tokens"))
+            .bearer_auth("s3cret")
+            .json(&json!({"name": name, "role": "developer"}))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        tokens.push(created["token"].as_str().unwrap().to_string());
+    }
+    let upload = |token: &str, bytes: Vec<u8>| {
+        http.post(format!("{base}/artifacts"))
+            .bearer_auth(token)
+            .body(bytes)
+            .send()
+    };
+    for n in 0..3 {
+        let stored = upload(&tokens[0], module(n)).await.unwrap();
+        assert_eq!(stored.status(), StatusCode::CREATED, "module {n}");
+    }
+    let refused = upload(&tokens[0], module(3)).await.unwrap();
+    let body = error_of(refused, StatusCode::PAYLOAD_TOO_LARGE).await;
+    assert_eq!(body["error"], "artifact_quota_exceeded", "{body}");
+    let message = body["message"].as_str().unwrap();
+    assert!(
+        message.contains(&format!("take {} bytes", 3 * size)),
+        "{message}"
+    );
+    // The refused upload stored nothing.
+    let fetch = || {
+        http.get(format!("{base}/artifacts/{}", sha256_hex(&module(3))))
+            .send()
+    };
+    assert_eq!(fetch().await.unwrap().status(), StatusCode::NOT_FOUND);
+    // What is stored already costs nothing again.
+    let again = upload(&tokens[0], module(1)).await.unwrap();
+    assert_eq!(again.status(), StatusCode::CREATED);
+    // The other token has a share of its own.
+    let other = upload(&tokens[1], module(3)).await.unwrap();
+    assert_eq!(other.status(), StatusCode::CREATED);
+    assert_eq!(fetch().await.unwrap().status(), StatusCode::OK);
+    running.shutdown().await;
+}
+
+fn sha256_hex(bytes: &[u8]) -> String {
+    use sha2::Digest as _;
+    hex::encode(sha2::Sha256::digest(bytes))
+}
+
+/// Issue 33, item 6: 400 open console task lists (one viewer's) used to read
+/// the task list again each, on every change, and exhausted the database's
+/// pool (HTTP 500s, 5 s round trips). Their reads are shared now: every
+/// submission beside them is answered, quickly, and the streams still show
+/// each new task.
+#[tokio::test]
+async fn four_hundred_console_streams_leave_the_api_answering() {
+    let dir = tempfile::tempdir().unwrap();
+    let running =
+        common::start_coordinator(dir.path(), |c| c.api_token = Some("s3cret".into())).await;
+    let rest = running.rest_url();
+    let base = format!("{rest}/api/v1");
+    let http = reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .unwrap();
+    let created: Value = http
+        .post(format!("{base}/api-tokens"))
+        .bearer_auth("s3cret")
+        .json(&json!({"name": "wall", "role": "viewer"}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let viewer = created["token"].as_str().unwrap();
+    let signed_in = http
+        .post(format!("{rest}/login"))
+        .header("content-type", "application/x-www-form-urlencoded")
+        .body(format!("token={viewer}&next=%2Ftasks"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(signed_in.status(), StatusCode::SEE_OTHER);
+    let cookie = signed_in.headers()["set-cookie"]
+        .to_str()
+        .unwrap()
+        .split(';')
+        .next()
+        .unwrap()
+        .to_string();
+    let mut streams = Vec::new();
+    for _ in 0..400 {
+        let stream = http
+            .get(format!("{rest}/console/events?view=tasks"))
+            .header("cookie", &cookie)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(stream.status(), StatusCode::OK);
+        streams.push(stream);
+    }
+
+    let module = common::minimal_wasm();
+    let stored: Value = http
+        .post(format!("{base}/artifacts"))
+        .bearer_auth("s3cret")
+        .body(module)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let digest = stored["digest"].as_str().unwrap();
+    let mut slowest = Duration::ZERO;
+    let mut last = String::new();
+    for _ in 0..40 {
+        let started = std::time::Instant::now();
+        let submitted = http
+            .post(format!("{base}/tasks"))
+            .bearer_auth("s3cret")
+            .json(&json!({"artifact": digest}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(submitted.status(), StatusCode::CREATED);
+        let task: Value = submitted.json().await.unwrap();
+        last = task["id"].as_str().unwrap().to_string();
+        slowest = slowest.max(started.elapsed());
+    }
+    assert!(
+        slowest < Duration::from_secs(1),
+        "a submission beside 400 streams took {slowest:?}"
+    );
+    // One read of the list per change, not one per stream: 400 streams
+    // that each read for themselves made 400 reads on opening alone.
+    let metrics = http
+        .get(format!("{rest}/metrics"))
+        .bearer_auth("s3cret")
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let reads = metrics
+        .lines()
+        .find_map(|line| {
+            line.strip_prefix("starling_console_stream_reads_total{table=\"task_lists\"} ")
+        })
+        .and_then(|value| value.trim().parse::<f64>().ok())
+        .unwrap_or_else(|| panic!("no console read count in:\n{metrics}"));
+    assert!(
+        reads <= 100.0,
+        "{reads} task-list reads for 400 streams and 40 submissions"
+    );
+    // The first and the last stream both come to show the last task.
+    for index in [0, streams.len() - 1] {
+        let stream = &mut streams[index];
+        let mut seen = String::new();
+        tokio::time::timeout(Duration::from_secs(20), async {
+            while !seen.contains(&last) {
+                let chunk = stream.chunk().await.unwrap().expect("the stream is open");
+                seen.push_str(&String::from_utf8_lossy(&chunk));
+            }
+        })
+        .await
+        .unwrap_or_else(|_| panic!("stream {index} never showed task {last}"));
+    }
+    drop(streams);
+    running.shutdown().await;
+}

@@ -54,11 +54,11 @@ async fn exercise(store: &Store) {
     let bytes = common::minimal_wasm();
     let digest = Digest(Sha256::digest(&bytes).into());
     assert!(store
-        .put_artifact(&digest, &bytes, Runtime::Wasm, 1)
+        .put_artifact(&digest, &bytes, Runtime::Wasm, "", 1)
         .await
         .unwrap());
     assert!(!store
-        .put_artifact(&digest, &bytes, Runtime::Wasm, 2)
+        .put_artifact(&digest, &bytes, Runtime::Wasm, "", 2)
         .await
         .unwrap());
     assert_eq!(store.artifact(&digest).await.unwrap(), Some(bytes.clone()));
@@ -70,7 +70,7 @@ async fn exercise(store: &Store) {
     let package = b"{\"format\":\"starling-opencl/1\"}".to_vec();
     let package_digest = Digest(Sha256::digest(&package).into());
     assert!(store
-        .put_artifact(&package_digest, &package, Runtime::Opencl, 3)
+        .put_artifact(&package_digest, &package, Runtime::Opencl, "", 3)
         .await
         .unwrap());
     assert_eq!(
@@ -330,6 +330,48 @@ async fn exercise(store: &Store) {
         .unwrap();
     let ids: Vec<_> = filtered.iter().map(|t| t.spec.id.as_str()).collect();
     assert_eq!(ids, ["task-6", "task-4", "task-3"]);
+
+    // Artifacts are charged to their uploader; those no task references
+    // are collected once older than the cut, with their compiled code.
+    let old = b"\0asm old, unreferenced".to_vec();
+    let old_digest = Digest(Sha256::digest(&old).into());
+    let young = b"\0asm young, unreferenced".to_vec();
+    let young_digest = Digest(Sha256::digest(&young).into());
+    store
+        .put_artifact(&old_digest, &old, Runtime::Wasm, "uploader-1", 10)
+        .await
+        .unwrap();
+    store
+        .put_artifact(&young_digest, &young, Runtime::Wasm, "uploader-1", 50_000)
+        .await
+        .unwrap();
+    assert_eq!(
+        store.uploaded_bytes("uploader-1").await.unwrap(),
+        (old.len() + young.len()) as u64
+    );
+    assert_eq!(store.uploaded_bytes("someone else").await.unwrap(), 0);
+    let key = starling_coordinator::store::PrecompiledKey {
+        module: &old_digest,
+        target: "x86_64-unknown-linux-gnu",
+        engine: "wasmtime-test",
+    };
+    store
+        .put_precompiled(&key, &Digest([9; 32]), b"code", 11)
+        .await
+        .unwrap();
+    let (count, bytes) = store.collect_artifacts(20_000).await.unwrap();
+    // The old one, and the OpenCL package stored above that no task used.
+    assert_eq!(count, 2);
+    assert_eq!(bytes, (old.len() + package.len()) as u64);
+    assert_eq!(store.artifact_info(&old_digest).await.unwrap(), None);
+    assert_eq!(store.precompiled_digest(&key).await.unwrap(), None);
+    assert!(store.artifact_info(&young_digest).await.unwrap().is_some());
+    // Tasks keep theirs, however old.
+    assert!(store.artifact_info(&digest).await.unwrap().is_some());
+    assert_eq!(
+        store.uploaded_bytes("uploader-1").await.unwrap(),
+        young.len() as u64
+    );
 }
 
 #[tokio::test]
@@ -417,7 +459,7 @@ mod redeliveries {
                 let store = Store::open(&format!("sqlite://{}", dir.path().join("p.db").display())).await.unwrap();
                 let bytes = common::minimal_wasm();
                 let digest = Digest(Sha256::digest(&bytes).into());
-                store.put_artifact(&digest, &bytes, Runtime::Wasm, 0).await.unwrap();
+                store.put_artifact(&digest, &bytes, Runtime::Wasm, "", 0).await.unwrap();
                 store.insert_task(&new_task("t", digest, 0)).await.unwrap();
                 let explanation = serde_json::json!({});
                 assert!(store.assign_task("t", 1, "n", 0, &explanation, 1).await.unwrap());
@@ -481,7 +523,7 @@ mod redeliveries {
                     let store = Store::open(&format!("sqlite://{}", dir.path().join(name).display())).await.unwrap();
                     let bytes = common::minimal_wasm();
                     let digest = Digest(Sha256::digest(&bytes).into());
-                    store.put_artifact(&digest, &bytes, Runtime::Wasm, 0).await.unwrap();
+                    store.put_artifact(&digest, &bytes, Runtime::Wasm, "", 0).await.unwrap();
                     store.insert_task(&new_task("t", digest, 0)).await.unwrap();
                     assert!(store.assign_task("t", 1, "n", 0, &serde_json::json!({}), 1).await.unwrap());
                     stores.push(store);

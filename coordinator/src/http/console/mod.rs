@@ -7,7 +7,7 @@
 //! in-memory session table; `csrf` the form checks; `pages/` one file per
 //! page; `fragments` the rows the event stream re-sends; `explain` the
 //! placement explanation; `stream` `GET /console/events`; `history` and
-//! `svg` the sparklines; `layout` the page frame, the error page and
+//! `svg` the sparklines; `reads` the reads the streams share; `layout` the page frame, the error page and
 //! formatters; `assets` the embedded files.
 //!
 //! It lives under `http` because it is HTTP (the architecture checks keep
@@ -22,6 +22,7 @@ pub(crate) mod gate;
 mod history;
 mod layout;
 mod pages;
+pub(crate) mod reads;
 pub(crate) mod session;
 mod stream;
 mod svg;
@@ -42,6 +43,8 @@ pub(crate) struct Console {
     pub(crate) sessions: session::Sessions,
     /// Recent telemetry per node.
     pub(crate) history: Arc<history::History>,
+    /// Reads the live streams share.
+    pub(crate) reads: reads::StreamReads,
     /// Whether the listener is HTTPS (the cookie is then `Secure`).
     pub(crate) secure: bool,
 }

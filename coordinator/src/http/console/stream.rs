@@ -25,10 +25,10 @@ use super::fragments::{node_cells, node_event, task_cells, task_event};
 use super::layout::{Caller, ConsoleError};
 use super::pages::fleet::{fleet_page, pager, rows as fleet_rows, summary, FleetQuery};
 use super::pages::node::{live_section as node_live, node_view};
-use super::pages::task::{live_section as task_live, read_task};
+use super::pages::task::live_section as task_live;
 use super::pages::tasks::{rows as task_rows, task_page, TaskQuery};
 use crate::http::auth::session_caller;
-use crate::http::handlers::tasks::task_summary;
+use crate::http::handlers::tasks::{task_detail, task_summary};
 use crate::live::{Delivery, Filter, Subscription};
 use crate::task::unix_now_ms;
 use crate::Shared;
@@ -95,6 +95,9 @@ struct Stream {
     checked: Instant,
     last_reload: Option<Instant>,
     reload_due: bool,
+    /// The feed position of the newest event this stream has taken in (or
+    /// of its subscription): what it reads must reflect at least that.
+    seen: u64,
 }
 
 fn fragment(name: &str, markup: maud::Markup) -> Event {
@@ -132,13 +135,28 @@ impl Stream {
                 }
             }
             Watch::Tasks { query, shown } => {
-                let (tasks, _) = task_page(&self.shared, query).await?;
+                let (tasks, _) = task_page(&self.shared, query, Some(self.seen)).await?;
                 *shown = tasks.iter().map(|task| task.id.clone()).collect();
                 self.out
                     .push_back(fragment("task-rows", task_rows(&tasks, unix_now_ms())));
             }
             Watch::Task { id } => {
-                let task = read_task(&self.shared, id).await?;
+                let shared = &self.shared;
+                let read = shared
+                    .console
+                    .reads
+                    .task_details
+                    .get(
+                        id,
+                        self.seen,
+                        || shared.feed.latest_seq(),
+                        || task_detail(shared, id),
+                    )
+                    .await;
+                let task = match read {
+                    Ok(task) => task,
+                    Err(error) => return Err(ConsoleError::from_http(error).await),
+                };
                 self.out.push_back(fragment("task-live", task_live(&task)));
             }
             Watch::Node { id } => {
@@ -183,8 +201,20 @@ impl Stream {
                     return Ok(());
                 };
                 if shown.contains(id) {
-                    if let Some(record) = self.shared.store.task(id).await? {
-                        let row = task_cells(&task_summary(record), now_ms);
+                    let shared = &self.shared;
+                    let record = shared
+                        .console
+                        .reads
+                        .tasks
+                        .get(
+                            &id.to_owned(),
+                            self.seen,
+                            || shared.feed.latest_seq(),
+                            || shared.store.task(id),
+                        )
+                        .await?;
+                    if let Some(record) = &*record {
+                        let row = task_cells(&task_summary(record.clone()), now_ms);
                         self.out.push_back(fragment(&task_event(id), row));
                     }
                 } else {
@@ -228,10 +258,14 @@ impl Stream {
                 Ok(Some(Delivery::Reset(_))) => {
                     // Events were lost: start again from now and re-read.
                     self.subscription = self.shared.feed.subscribe(self.watch.filter(), None);
+                    self.seen = self.shared.feed.latest_seq();
                     self.last_reload = None;
                     self.reload().await
                 }
-                Ok(Some(Delivery::Event(stamped))) => self.handle(&stamped.event).await,
+                Ok(Some(Delivery::Event(stamped))) => {
+                    self.seen = self.seen.max(stamped.position.seq);
+                    self.handle(&stamped.event).await
+                }
             };
             if let Err(error) = handled {
                 tracing::warn!(%error, "console stream ends");
@@ -269,6 +303,7 @@ pub(crate) async fn console_events(
         }
     };
     let subscription = shared.feed.subscribe(watch.filter(), None);
+    let seen = shared.feed.latest_seq();
     let mut stream = Stream {
         shared,
         caller,
@@ -279,6 +314,7 @@ pub(crate) async fn console_events(
         checked: Instant::now(),
         last_reload: None,
         reload_due: false,
+        seen,
     };
     // The page was rendered before this stream subscribed: whatever changed
     // in between (a short task can run to its end in that gap) would be

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use axum::body::Bytes;
 use axum::extract::rejection::{BytesRejection, JsonRejection};
 use axum::extract::{Path, State};
-use axum::http::{header, StatusCode};
+use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use sha2::{Digest as _, Sha256};
@@ -69,7 +69,9 @@ pub fn validate_artifact(bytes: &[u8]) -> Result<Runtime, HttpError> {
 /// Stores a WebAssembly module or an OpenCL package (kernel source and spec,
 /// as `starling publish KERNEL.cl` builds it) under its sha256, after checking
 /// it: a module must validate, a package's spec must match its kernel.
-/// Uploading the same bytes again is fine.
+/// Uploading the same bytes again is fine. Each API token's stored
+/// artifacts are bounded (`artifact-quota-bytes`); artifacts no task
+/// references are collected a grace period after their upload.
 #[utoipa::path(
     post,
     path = "/api/v1/artifacts",
@@ -82,11 +84,12 @@ pub fn validate_artifact(bytes: &[u8]) -> Result<Runtime, HttpError> {
         (status = 201, description = "Stored (or already stored)", body = ArtifactStored),
         (status = 400, description = "Not a valid WebAssembly module or OpenCL package", body = ApiError),
         (status = 401, description = "Missing or wrong API token", body = ApiError),
-        (status = 413, description = "Larger than the coordinator accepts", body = ApiError)
+        (status = 413, description = "Larger than the coordinator accepts (`artifact_too_large`), or past the caller's token's quota of stored artifacts (`artifact_quota_exceeded`)", body = ApiError)
     )
 )]
 pub(crate) async fn upload_artifact(
     State(shared): State<Arc<Shared>>,
+    headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<(StatusCode, Json<ArtifactStored>), HttpError> {
     let bytes = body.map_err(|rejection| {
@@ -109,9 +112,11 @@ pub(crate) async fn upload_artifact(
     }
     let runtime = validate_artifact(&bytes)?;
     let digest = Digest(Sha256::digest(&bytes).into());
+    let uploader = crate::http::auth::caller_key(&headers);
+    check_quota(&shared, &uploader, &digest, bytes.len() as u64).await?;
     let created = shared
         .store
-        .put_artifact(&digest, &bytes, runtime, unix_now_ms())
+        .put_artifact(&digest, &bytes, runtime, &uploader, unix_now_ms())
         .await?;
     Ok((
         StatusCode::CREATED,
@@ -122,6 +127,33 @@ pub(crate) async fn upload_artifact(
             created,
         }),
     ))
+}
+
+/// Refuses an upload that would take `uploader`'s stored artifacts past
+/// the quota. Bytes already stored cost nothing again. Two uploads at once
+/// may both pass the check: the quota can be passed by what is in flight,
+/// which the connection cap and the size limit bound.
+async fn check_quota(
+    shared: &Shared,
+    uploader: &str,
+    digest: &Digest,
+    size: u64,
+) -> Result<(), HttpError> {
+    if shared.store.artifact_info(digest).await?.is_some() {
+        return Ok(());
+    }
+    let used = shared.store.uploaded_bytes(uploader).await?;
+    let quota = shared.artifact_quota_bytes;
+    if used.saturating_add(size) > quota {
+        return Err(HttpError::new(
+            ErrorCode::ArtifactQuotaExceeded,
+            format!(
+                "this token's stored artifacts take {used} bytes of its {quota}-byte quota; this {size}-byte upload would pass it. \
+                 artifacts no task uses are deleted a grace period after their upload (artifact-grace, a day by default); an admin can raise artifact-quota-bytes"
+            ),
+        ));
+    }
+    Ok(())
 }
 
 /// Records a publisher's signature over a stored artifact; every later

@@ -245,7 +245,13 @@ pub(crate) async fn fetch_artifact(
     let runtime = super::artifacts::validate_artifact(&bytes)?;
     shared
         .store
-        .put_artifact(artifact, &bytes, runtime, unix_now_ms())
+        .put_artifact(
+            artifact,
+            &bytes,
+            runtime,
+            &format!("site:{origin}"),
+            unix_now_ms(),
+        )
         .await?;
     Ok(())
 }

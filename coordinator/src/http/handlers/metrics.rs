@@ -43,6 +43,7 @@ pub(crate) const SERIES: &[&str] = &[
     "starling_stale_attempts_cancelled_total",
     "starling_attempts_ended_total",
     "starling_tasks_parked_total",
+    "starling_console_stream_reads_total",
     "starling_http_connections",
     "starling_http_connections_closed_total",
     "starling_mosquitto_reloads_total",
@@ -295,6 +296,17 @@ pub(crate) async fn metrics(State(shared): State<Arc<Shared>>) -> Result<Respons
         "counter",
         "Times a pending task was parked because no online node could run it (read again when the fleet changes).",
         &[(String::new(), counters.tasks_parked.load(Relaxed))],
+    );
+    let reads = &shared.console.reads;
+    metric(
+        "starling_console_stream_reads_total",
+        "counter",
+        "Database reads the console's live streams made, by what they read; each served every stream that asked meanwhile.",
+        &[
+            ("{table=\"task_lists\"}".to_string(), reads.task_lists.reads()),
+            ("{table=\"tasks\"}".to_string(), reads.tasks.reads()),
+            ("{table=\"task_details\"}".to_string(), reads.task_details.reads()),
+        ],
     );
     let connections = shared.connections.counts();
     metric(

@@ -107,16 +107,28 @@ pub(crate) async fn recent_tasks(
 pub(crate) async fn task_page(
     shared: &Shared,
     query: &TaskQuery,
+    shared_read: Option<u64>,
 ) -> Result<(Vec<TaskSummary>, usize), ConsoleError> {
     let status = query.status()?;
     let since_ms = query
         .minutes()?
         .map(|minutes| unix_now_ms().saturating_sub(minutes.saturating_mul(60_000)));
-    let matched: Vec<TaskSummary> = shared
-        .store
-        .list_tasks(status, MAX_LIST_LIMIT)
-        .await?
-        .into_iter()
+    let read = || shared.store.list_tasks(status, MAX_LIST_LIMIT);
+    let records = match shared_read {
+        // A stream's, shared with the other streams of this list (`reads`).
+        Some(at_least) => {
+            shared
+                .console
+                .reads
+                .task_lists
+                .get(&status, at_least, || shared.feed.latest_seq(), read)
+                .await?
+        }
+        None => Arc::new(read().await?),
+    };
+    let matched: Vec<TaskSummary> = records
+        .iter()
+        .cloned()
         .map(task_summary)
         .filter(|task| query.matches(task, since_ms))
         .collect();
@@ -165,7 +177,7 @@ pub(crate) async fn tasks(
     Query(query): Query<TaskQuery>,
 ) -> Result<Response, ConsoleError> {
     let now_ms = unix_now_ms();
-    let (tasks, matched) = task_page(&shared, &query).await?;
+    let (tasks, matched) = task_page(&shared, &query, None).await?;
     let page_number = query.page.unwrap_or(0);
     let pages = matched.div_ceil(PAGE_SIZE).max(1);
     let stream = format!("/console/events?view=tasks&{}", query.to_query(page_number));
