@@ -534,6 +534,21 @@ async fn an_open_coordinator_refuses_what_a_web_page_could_send() {
     running.shutdown().await;
 }
 
+/// A new API token of `role`, made with the bootstrap token `s3cret`.
+async fn new_token(http: &reqwest::Client, base: &str, name: &str, role: &str) -> String {
+    let created: Value = http
+        .post(format!("{base}/api-tokens"))
+        .bearer_auth("s3cret")
+        .json(&json!({"name": name, "role": role}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    created["token"].as_str().unwrap().to_string()
+}
+
 /// Issue 33, item 6: an open `GET /api/v1/events` stream ends soon after
 /// its token is revoked (it used to stream on for as long as it stayed
 /// open), and its reconnect is refused.
@@ -545,17 +560,7 @@ async fn an_event_stream_ends_when_its_token_is_revoked() {
         common::start_coordinator(dir.path(), |c| c.api_token = Some("s3cret".into())).await;
     let base = format!("{}/api/v1", running.rest_url());
     let http = reqwest::Client::new();
-    let created: Value = http
-        .post(format!("{base}/api-tokens"))
-        .bearer_auth("s3cret")
-        .json(&json!({"name": "watcher", "role": "viewer"}))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
-    let token = created["token"].as_str().unwrap().to_string();
+    let token = new_token(&http, &base, "watcher", "viewer").await;
     let stream = http
         .get(format!("{base}/events"))
         .bearer_auth(&token)
@@ -792,17 +797,7 @@ async fn a_token_past_its_artifact_quota_is_refused_and_others_are_not() {
     let http = reqwest::Client::new();
     let mut tokens = Vec::new();
     for name in ["one", "two"] {
-        let created: Value = http
-            .post(format!("{base}/api-tokens"))
-            .bearer_auth("s3cret")
-            .json(&json!({"name": name, "role": "developer"}))
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
-        tokens.push(created["token"].as_str().unwrap().to_string());
+        tokens.push(new_token(&http, &base, name, "developer").await);
     }
     let upload = |token: &str, bytes: Vec<u8>| {
         http.post(format!("{base}/artifacts"))
@@ -859,17 +854,7 @@ async fn four_hundred_console_streams_leave_the_api_answering() {
         .redirect(reqwest::redirect::Policy::none())
         .build()
         .unwrap();
-    let created: Value = http
-        .post(format!("{base}/api-tokens"))
-        .bearer_auth("s3cret")
-        .json(&json!({"name": "wall", "role": "viewer"}))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
-    let viewer = created["token"].as_str().unwrap();
+    let viewer = new_token(&http, &base, "wall", "viewer").await;
     let signed_in = http
         .post(format!("{rest}/login"))
         .header("content-type", "application/x-www-form-urlencoded")
