@@ -534,8 +534,9 @@ async fn an_open_coordinator_refuses_what_a_web_page_could_send() {
     running.shutdown().await;
 }
 
-/// A new API token of `role`, made with the bootstrap token `s3cret`.
-async fn new_token(http: &reqwest::Client, base: &str, name: &str, role: &str) -> String {
+/// A new API token of `role`, made with the bootstrap token `s3cret`: its
+/// id and its secret.
+async fn new_token(http: &reqwest::Client, base: &str, name: &str, role: &str) -> (String, String) {
     let created: Value = http
         .post(format!("{base}/api-tokens"))
         .bearer_auth("s3cret")
@@ -546,7 +547,8 @@ async fn new_token(http: &reqwest::Client, base: &str, name: &str, role: &str) -
         .json()
         .await
         .unwrap();
-    created["token"].as_str().unwrap().to_string()
+    let field = |name: &str| created[name].as_str().unwrap().to_string();
+    (field("id"), field("token"))
 }
 
 /// Issue 33, item 6: an open `GET /api/v1/events` stream ends soon after
@@ -560,7 +562,7 @@ async fn an_event_stream_ends_when_its_token_is_revoked() {
         common::start_coordinator(dir.path(), |c| c.api_token = Some("s3cret".into())).await;
     let base = format!("{}/api/v1", running.rest_url());
     let http = reqwest::Client::new();
-    let token = new_token(&http, &base, "watcher", "viewer").await;
+    let (id, token) = new_token(&http, &base, "watcher", "viewer").await;
     let stream = http
         .get(format!("{base}/events"))
         .bearer_auth(&token)
@@ -569,10 +571,7 @@ async fn an_event_stream_ends_when_its_token_is_revoked() {
         .unwrap();
     assert_eq!(stream.status(), StatusCode::OK);
     let revoked = http
-        .post(format!(
-            "{base}/api-tokens/{}/revoke",
-            created["id"].as_str().unwrap()
-        ))
+        .post(format!("{base}/api-tokens/{id}/revoke"))
         .bearer_auth("s3cret")
         .send()
         .await
@@ -797,7 +796,7 @@ async fn a_token_past_its_artifact_quota_is_refused_and_others_are_not() {
     let http = reqwest::Client::new();
     let mut tokens = Vec::new();
     for name in ["one", "two"] {
-        tokens.push(new_token(&http, &base, name, "developer").await);
+        tokens.push(new_token(&http, &base, name, "developer").await.1);
     }
     let upload = |token: &str, bytes: Vec<u8>| {
         http.post(format!("{base}/artifacts"))
@@ -854,7 +853,7 @@ async fn four_hundred_console_streams_leave_the_api_answering() {
         .redirect(reqwest::redirect::Policy::none())
         .build()
         .unwrap();
-    let viewer = new_token(&http, &base, "wall", "viewer").await;
+    let (_, viewer) = new_token(&http, &base, "wall", "viewer").await;
     let signed_in = http
         .post(format!("{rest}/login"))
         .header("content-type", "application/x-www-form-urlencoded")
