@@ -89,6 +89,9 @@ error_codes! {
     /// No node of the site could run the task, whatever its load (without
     /// `wait_for_node`).
     NoCapableNode = "no_capable_node" => 422,
+    /// The submission would take the caller's token past its share of the
+    /// queue: more pending tasks than `pending-quota`.
+    PendingQuotaExceeded = "pending_quota_exceeded" => 429,
     /// Limits out of range.
     InvalidLimits = "invalid_limits" => 400,
     /// A work estimate that is not a positive number.

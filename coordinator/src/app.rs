@@ -122,6 +122,8 @@ pub(crate) struct Shared {
     pub(crate) max_artifact_bytes: usize,
     /// Most bytes of stored artifacts one API token may have.
     pub(crate) artifact_quota_bytes: u64,
+    /// Most pending tasks one API token may have.
+    pub(crate) pending_quota: u64,
     pub(crate) api_token: Option<String>,
     /// Which nodes are revoked; the coordinator's own MQTT user.
     pub(crate) mqtt_access: Arc<access::MqttAccess>,
@@ -560,6 +562,7 @@ pub async fn start(config: CoordinatorConfig) -> Result<Running, StartError> {
         signer,
         max_artifact_bytes: config.max_artifact_bytes,
         artifact_quota_bytes: config.artifact_quota_bytes,
+        pending_quota: config.pending_quota,
         api_token: config.api_token.clone(),
         mqtt_access,
         mosquitto: mosquitto.map(access::MosquittoWriter::new),

@@ -28,6 +28,9 @@ pub const DEFAULT_MAX_ARTIFACT_BYTES: usize = 32 * 1024 * 1024;
 /// Most bytes of artifacts one API token may have stored: 64 of the
 /// largest, so no one token fills the database's disk (issue 33).
 pub const DEFAULT_ARTIFACT_QUOTA_BYTES: u64 = 2 * 1024 * 1024 * 1024;
+/// Most pending tasks one API token may have: one batch call of a client
+/// gone wrong (or an attacker's) cannot queue without bound (issue 33).
+pub const DEFAULT_PENDING_QUOTA: u64 = 10_000;
 /// How long an artifact no task references is kept after its upload
 /// before it is collected: a day, so `publish` and a later `run` meet.
 pub const DEFAULT_ARTIFACT_GRACE: Duration = Duration::from_secs(24 * 3600);
@@ -78,6 +81,8 @@ pub struct CoordinatorConfig {
     pub max_artifact_bytes: usize,
     /// Most bytes of stored artifacts one API token may have.
     pub artifact_quota_bytes: u64,
+    /// Most pending tasks one API token may have (`pending-quota`).
+    pub pending_quota: u64,
     /// How long an artifact no task references is kept after its upload.
     pub artifact_grace: Duration,
     /// Events the live stream holds for clients that resume or read slowly.
@@ -168,6 +173,7 @@ impl Default for CoordinatorConfig {
             max_attempts: DEFAULT_MAX_ATTEMPTS,
             max_artifact_bytes: DEFAULT_MAX_ARTIFACT_BYTES,
             artifact_quota_bytes: DEFAULT_ARTIFACT_QUOTA_BYTES,
+            pending_quota: DEFAULT_PENDING_QUOTA,
             artifact_grace: DEFAULT_ARTIFACT_GRACE,
             event_buffer: crate::live::DEFAULT_CAPACITY,
             schedule_interval: Duration::from_millis(1000),
@@ -246,6 +252,8 @@ pub struct FileConfig {
     pub max_artifact_bytes: Option<usize>,
     /// Most bytes of stored artifacts per API token.
     pub artifact_quota_bytes: Option<u64>,
+    /// Most pending tasks per API token.
+    pub pending_quota: Option<u64>,
     /// How long an unreferenced artifact is kept (`36h`, `30m`).
     pub artifact_grace: Option<String>,
     /// `--event-buffer`.
@@ -619,6 +627,7 @@ impl ServeArgs {
             artifact_quota_bytes: file
                 .artifact_quota_bytes
                 .unwrap_or(defaults.artifact_quota_bytes),
+            pending_quota: file.pending_quota.unwrap_or(defaults.pending_quota),
             artifact_grace: duration(
                 "artifact-grace",
                 &None,

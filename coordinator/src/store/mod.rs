@@ -45,7 +45,7 @@ pub(crate) use lease::FENCE_SQL;
 pub use outbox::OutboxEntry;
 pub use placements::{Placed, Placement};
 pub use precompiled::PrecompiledKey;
-pub use tasks::{CancelOutcome, InFlightAttempt, LostTask, NewTask, TaskRecord};
+pub use tasks::{Admission, CancelOutcome, InFlightAttempt, LostTask, NewTask, TaskRecord};
 
 /// The migrations, shared by both backends.
 static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations");

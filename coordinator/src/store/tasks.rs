@@ -171,13 +171,37 @@ pub struct InFlightAttempt {
 
 /// Inserts one new task; a task forwarded from the same origin twice is
 /// inserted once (`$13`, `$14`: the origin site and task, NULL for a task
-/// submitted here, which never conflict).
+/// submitted here, which never conflict). `$15`: who submitted it (the
+/// sha256 of its API token; '' for none and for forwarded tasks).
 const INSERT_TASK: &str =
     "INSERT INTO tasks (id, artifact, runtime, input, args, class, demand, limits, \
      work_seconds, priority, deadline_unix_ms, created_ms, updated_ms, state, attempt, \
-     cancel_requested, origin_site, origin_task) \
-     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $12, 'pending', 0, 0, $13, $14) \
+     cancel_requested, origin_site, origin_task, submitter) \
+     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $12, 'pending', 0, 0, $13, $14, $15) \
      ON CONFLICT (origin_site, origin_task) DO NOTHING";
+
+/// A submitter's pending tasks: what its quota bounds.
+const COUNT_PENDING_OF: &str =
+    "SELECT COUNT(*) FROM tasks WHERE submitter = $1 AND state = 'pending'";
+
+/// On PostgreSQL, one quota-checked submission of a submitter at a time
+/// (until the transaction ends): two concurrent ones would each count
+/// without the other's uncommitted rows and both pass. SQLite needs none:
+/// the inserts take its one write lock before the count.
+const LOCK_SUBMITTER_PG: &str = "SELECT pg_advisory_xact_lock(hashtext($1))";
+
+/// Whether a quota-checked submission was stored.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Admission {
+    /// All of its tasks are stored, pending.
+    Stored,
+    /// None is: with them its submitter would have more pending tasks than
+    /// its quota. `pending`: how many it has without them.
+    OverQuota {
+        /// The submitter's pending tasks before this submission.
+        pending: u64,
+    },
+}
 
 /// The JSON columns of a new task's row.
 struct TaskJson {
@@ -199,7 +223,7 @@ impl TaskJson {
 /// Binds [`INSERT_TASK`]'s parameters: written once, expanded inside each
 /// backend's arm of `with_pool!` (the query types differ by backend).
 macro_rules! bind_new_task {
-    ($query:expr, $task:expr, $json:expr, $origin:expr) => {
+    ($query:expr, $task:expr, $json:expr, $origin:expr, $submitter:expr) => {
         $query
             .bind(&$task.id)
             .bind($task.artifact.to_hex())
@@ -215,6 +239,7 @@ macro_rules! bind_new_task {
             .bind(to_db($task.created_ms))
             .bind($origin.map(|(site, _)| site))
             .bind($origin.map(|(_, id)| id))
+            .bind($submitter)
     };
 }
 
@@ -233,7 +258,7 @@ impl Store {
         origin: Option<(&str, &str)>,
     ) -> Result<bool, StoreError> {
         let json = TaskJson::of(task)?;
-        let inserted = with_pool!(self, pool => bind_new_task!(sqlx::query(INSERT_TASK), task, json, origin)
+        let inserted = with_pool!(self, pool => bind_new_task!(sqlx::query(INSERT_TASK), task, json, origin, "")
             .execute(pool)
             .await
             .map(|done| done.rows_affected()))?;
@@ -253,30 +278,73 @@ impl Store {
     /// one fsync on SQLite): all of them or, on an error, none. Each is
     /// announced on the live feed after the commit, in the given order.
     pub async fn insert_tasks(&self, tasks: &[NewTask]) -> Result<(), StoreError> {
+        self.insert_tasks_as(tasks, "", None).await.map(|_| ())
+    }
+
+    /// Stores new tasks as [`Store::insert_tasks`] does, as `submitter`'s:
+    /// with a `pending_quota`, only if the submitter then has at most that
+    /// many pending tasks; otherwise none is stored
+    /// ([`Admission::OverQuota`]). The count and the inserts are one
+    /// transaction, so concurrent submissions of one submitter cannot pass
+    /// it together.
+    pub async fn insert_tasks_as(
+        &self,
+        tasks: &[NewTask],
+        submitter: &str,
+        pending_quota: Option<u64>,
+    ) -> Result<Admission, StoreError> {
         let json = tasks
             .iter()
             .map(TaskJson::of)
             .collect::<Result<Vec<_>, _>>()?;
         let origin: Option<(&str, &str)> = None;
-        with_pool!(self, pool => {
+        let postgres = self.is_shared();
+        let admission = with_pool!(self, pool => {
             let mut tx = pool.begin().await?;
+            if postgres && pending_quota.is_some() {
+                sqlx::query(LOCK_SUBMITTER_PG).bind(submitter).execute(&mut *tx).await?;
+            }
+            // The inserts first: on SQLite they take the write lock the
+            // count then holds.
             for (task, json) in tasks.iter().zip(&json) {
-                bind_new_task!(sqlx::query(INSERT_TASK), task, json, origin)
+                bind_new_task!(sqlx::query(INSERT_TASK), task, json, origin, submitter)
                     .execute(&mut *tx)
                     .await?;
             }
-            tx.commit().await
+            let over = match pending_quota {
+                Some(quota) => {
+                    let (pending,): (i64,) = sqlx::query_as(COUNT_PENDING_OF)
+                        .bind(submitter)
+                        .fetch_one(&mut *tx)
+                        .await?;
+                    let pending = u64::try_from(pending).unwrap_or(0);
+                    (pending > quota).then(|| pending.saturating_sub(tasks.len() as u64))
+                }
+                None => None,
+            };
+            match over {
+                Some(pending) => {
+                    tx.rollback().await?;
+                    Ok::<_, sqlx::Error>(Admission::OverQuota { pending })
+                }
+                None => {
+                    tx.commit().await?;
+                    Ok(Admission::Stored)
+                }
+            }
         })?;
-        for task in tasks {
-            self.announce(task_change(
-                &task.id,
-                TaskStatus::Pending,
-                0,
-                None,
-                task.created_ms,
-            ));
+        if admission == Admission::Stored {
+            for task in tasks {
+                self.announce(task_change(
+                    &task.id,
+                    TaskStatus::Pending,
+                    0,
+                    None,
+                    task.created_ms,
+                ));
+            }
         }
-        Ok(())
+        Ok(admission)
     }
 
     /// One task, if it exists.

@@ -832,6 +832,94 @@ async fn a_token_past_its_artifact_quota_is_refused_and_others_are_not() {
     running.shutdown().await;
 }
 
+/// Issue 33: one token's batch calls cannot queue without bound (11,001
+/// pending tasks from one client did). Past its share of the queue a
+/// submission is refused whole, a single one or a batch, and stores nothing;
+/// another token still submits, and a cancelled task frees room.
+#[tokio::test]
+async fn a_token_past_its_pending_quota_is_refused_and_others_are_not() {
+    let dir = tempfile::tempdir().unwrap();
+    // No node: every task stays pending (a site that knows no node yet takes
+    // work and parks it).
+    let running = common::start_coordinator(dir.path(), |c| {
+        c.api_token = Some("s3cret".into());
+        c.pending_quota = 3;
+    })
+    .await;
+    let base = format!("{}/api/v1", running.rest_url());
+    let http = reqwest::Client::new();
+    let (_, one) = new_token(&http, &base, "one", "developer").await;
+    let (_, two) = new_token(&http, &base, "two", "developer").await;
+    let stored: Value = http
+        .post(format!("{base}/artifacts"))
+        .bearer_auth(&one)
+        .body(common::minimal_wasm())
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let task = json!({"artifact": stored["digest"]});
+    let batch = |token: &str, n: usize| {
+        http.post(format!("{base}/tasks:batch"))
+            .bearer_auth(token)
+            .json(&json!({"tasks": vec![task.clone(); n]}))
+            .send()
+    };
+    let single = |token: &str| {
+        http.post(format!("{base}/tasks"))
+            .bearer_auth(token)
+            .json(&task)
+            .send()
+    };
+    let accepted = batch(&one, 3).await.unwrap();
+    assert_eq!(accepted.status(), StatusCode::CREATED);
+    let accepted: Value = accepted.json().await.unwrap();
+    let first = accepted["tasks"][0]["id"].as_str().unwrap().to_string();
+
+    let refused = error_of(single(&one).await.unwrap(), StatusCode::TOO_MANY_REQUESTS).await;
+    assert_eq!(refused["error"], "pending_quota_exceeded", "{refused}");
+    let message = refused["message"].as_str().unwrap();
+    assert!(
+        message.contains("has 3 pending tasks and may have at most 3"),
+        "{message}"
+    );
+    let refused = error_of(batch(&one, 2).await.unwrap(), StatusCode::TOO_MANY_REQUESTS).await;
+    assert_eq!(refused["error"], "pending_quota_exceeded", "{refused}");
+    let pending = || async {
+        let list: Value = http
+            .get(format!("{base}/tasks?state=pending&limit=100"))
+            .bearer_auth("s3cret")
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        list["tasks"].as_array().unwrap().len()
+    };
+    assert_eq!(pending().await, 3, "a refused submission stored nothing");
+
+    // The other token's share is its own; a batch within it goes in whole.
+    assert_eq!(batch(&two, 3).await.unwrap().status(), StatusCode::CREATED);
+    assert_eq!(pending().await, 6);
+    // A cancelled task leaves the queue and frees its place.
+    let cancelled = http
+        .post(format!("{base}/tasks/{first}/cancel"))
+        .bearer_auth(&one)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(cancelled.status(), StatusCode::OK);
+    assert_eq!(single(&one).await.unwrap().status(), StatusCode::CREATED);
+    assert_eq!(
+        single(&one).await.unwrap().status(),
+        StatusCode::TOO_MANY_REQUESTS
+    );
+    running.shutdown().await;
+}
+
 fn sha256_hex(bytes: &[u8]) -> String {
     use sha2::Digest as _;
     hex::encode(sha2::Sha256::digest(bytes))

@@ -6,7 +6,7 @@ use crate::common;
 use sha2::{Digest as _, Sha256};
 use starling_api::{TaskDemand, TaskKind, TaskLimits, TaskStatus};
 use starling_coordinator::store::{
-    CancelOutcome, EventOutcome, EventToRecord, NewTask, ReportMark, Store,
+    Admission, CancelOutcome, EventOutcome, EventToRecord, NewTask, ReportMark, Store,
 };
 use starling_proto::{Digest, FailureReason, NodeId, Runtime, TaskEvent, TaskId, TaskState};
 
@@ -402,6 +402,104 @@ async fn postgres_store_round_trips() {
     let again = Store::open(&db.url).await.unwrap();
     assert_eq!(again.list_tasks(None, 100).await.unwrap().len(), 6);
     again.close().await;
+    drop(db);
+}
+
+/// A submitter's pending tasks stay within its quota however its batches
+/// race: twenty concurrent batches of five against a quota of ten store two
+/// of them, whole, and refuse the rest whole; another submitter is not
+/// counted with it, and a task placed leaves the count.
+async fn pending_quota_holds_under_concurrent_batches(store: &Store) {
+    let bytes = b"quota module";
+    let artifact = Digest(Sha256::digest(bytes).into());
+    store
+        .put_artifact(&artifact, bytes, Runtime::Wasm, "", 1)
+        .await
+        .unwrap();
+    let batch = |n: usize| {
+        (0..5)
+            .map(|i| new_task(&format!("q{n}-{i}"), artifact, 1_000 + n as u64))
+            .collect::<Vec<_>>()
+    };
+    let batches: Vec<_> = (0..20).map(batch).collect();
+    let outcomes = futures_util::future::join_all(
+        batches
+            .iter()
+            .map(|tasks| store.insert_tasks_as(tasks, "mallory", Some(10))),
+    )
+    .await;
+    let stored = outcomes
+        .iter()
+        .filter(|outcome| matches!(outcome, Ok(Admission::Stored)))
+        .count();
+    assert_eq!(stored, 2, "{outcomes:?}");
+    assert!(
+        outcomes.iter().all(|outcome| matches!(
+            outcome,
+            Ok(Admission::Stored | Admission::OverQuota { pending: 5 | 10 })
+        )),
+        "{outcomes:?}"
+    );
+    let pending = store
+        .list_tasks(Some(TaskStatus::Pending), 1000)
+        .await
+        .unwrap();
+    assert_eq!(pending.len(), 10);
+    // Whole batches only: each stored batch has all five of its tasks.
+    for n in 0..20 {
+        let of_batch = pending
+            .iter()
+            .filter(|t| t.spec.id.starts_with(&format!("q{n}-")))
+            .count();
+        assert!(
+            of_batch == 0 || of_batch == 5,
+            "batch {n}: {of_batch} tasks"
+        );
+    }
+    // Another submitter's share is its own.
+    let other = vec![new_task("other", artifact, 5_000)];
+    assert_eq!(
+        store
+            .insert_tasks_as(&other, "alice", Some(10))
+            .await
+            .unwrap(),
+        Admission::Stored
+    );
+    // Cancelling one of mallory's frees a place.
+    let first = &pending[0].spec.id;
+    assert_eq!(
+        store.request_cancel(first, 6_000).await.unwrap(),
+        CancelOutcome::Cancelled
+    );
+    let one = vec![new_task("again", artifact, 7_000)];
+    assert_eq!(
+        store
+            .insert_tasks_as(&one, "mallory", Some(10))
+            .await
+            .unwrap(),
+        Admission::Stored
+    );
+    let two = vec![new_task("over", artifact, 8_000)];
+    assert_eq!(
+        store
+            .insert_tasks_as(&two, "mallory", Some(10))
+            .await
+            .unwrap(),
+        Admission::OverQuota { pending: 10 }
+    );
+}
+
+#[tokio::test]
+async fn pending_quota_holds_on_sqlite_and_postgres() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite://{}", dir.path().join("quota.db").display());
+    let store = Store::open(&url).await.unwrap();
+    pending_quota_holds_under_concurrent_batches(&store).await;
+    store.close().await;
+    let db = common::PostgresDb::create();
+    let store = Store::open(&db.url).await.unwrap();
+    pending_quota_holds_under_concurrent_batches(&store).await;
+    store.close().await;
     drop(db);
 }
 

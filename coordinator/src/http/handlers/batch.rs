@@ -6,14 +6,14 @@ use std::sync::Arc;
 
 use axum::extract::rejection::JsonRejection;
 use axum::extract::State;
-use axum::http::StatusCode;
+use axum::http::{HeaderMap, StatusCode};
 use axum::Json;
 use starling_api::{
     batch_item_message, ApiError, BatchSubmitted, ErrorCode, SubmitBatch, TaskStatus, TaskSummary,
     MAX_BATCH_TASKS,
 };
 
-use super::tasks::{prepare_task, KnownArtifacts};
+use super::tasks::{prepare_task, store_submitted, KnownArtifacts};
 use crate::http::error::HttpError;
 use crate::http::json_body;
 use crate::store::NewTask;
@@ -42,11 +42,13 @@ pub(crate) const MAX_BATCH_BODY_BYTES: usize = 8 * 1024 * 1024;
         (status = 404, description = "An item names an unknown artifact (`tasks[INDEX]: `); nothing was created", body = ApiError),
         (status = 413, description = "More than 1000 tasks (`batch_too_large`), a body over 8 MiB, or an item's input too large; nothing was created", body = ApiError),
         (status = 415, description = "The body is not sent as application/json", body = ApiError),
-        (status = 422, description = "The JSON does not describe a batch of tasks (`invalid_json`), or no node of the site could run an item (`no_capable_node`, `tasks[INDEX]: `; `wait_for_node` keeps it instead); nothing was created", body = ApiError)
+        (status = 422, description = "The JSON does not describe a batch of tasks (`invalid_json`), or no node of the site could run an item (`no_capable_node`, `tasks[INDEX]: `; `wait_for_node` keeps it instead); nothing was created", body = ApiError),
+        (status = 429, description = "With these tasks the caller's token would have more pending tasks than it may (`pending_quota_exceeded`); nothing was created", body = ApiError)
     )
 )]
 pub(crate) async fn submit_batch(
     State(shared): State<Arc<Shared>>,
+    headers: HeaderMap,
     body: Result<Json<SubmitBatch>, JsonRejection>,
 ) -> Result<(StatusCode, Json<BatchSubmitted>), HttpError> {
     let batch = json_body(body, "SubmitBatch")?;
@@ -73,8 +75,7 @@ pub(crate) async fn submit_batch(
             .map_err(|error| error.map_message(|message| batch_item_message(index, message)))?;
         tasks.push(task);
     }
-    shared.store.insert_tasks(&tasks).await?;
-    shared.wake_scheduler.notify_one();
+    store_submitted(&shared, &headers, &tasks).await?;
     Ok((
         StatusCode::CREATED,
         Json(BatchSubmitted {

@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use axum::extract::rejection::JsonRejection;
 use axum::extract::{Path, Query, State};
-use axum::http::StatusCode;
+use axum::http::{HeaderMap, StatusCode};
 use axum::Json;
 use base64::Engine as _;
 use starling_api::{
@@ -27,7 +27,7 @@ use super::events::{parse_wait, wait_for_end};
 use crate::http::error::HttpError;
 use crate::http::{DEFAULT_LIST_LIMIT, MAX_LIST_LIMIT};
 use crate::loops::cluster_view::pending_task;
-use crate::store::{CancelOutcome, NewTask, TaskRecord};
+use crate::store::{Admission, CancelOutcome, NewTask, TaskRecord};
 use crate::task::unix_now_ms;
 use crate::Shared;
 
@@ -209,11 +209,13 @@ pub(crate) fn check_kernel_submission(
         (status = 401, description = "Missing or wrong API token", body = ApiError),
         (status = 404, description = "Unknown artifact", body = ApiError),
         (status = 413, description = "Input too large", body = ApiError),
-        (status = 422, description = "The JSON does not describe a task (`invalid_json`), or no node of the site could run it (`no_capable_node`, with the reasons; `wait_for_node` keeps it instead)", body = ApiError)
+        (status = 422, description = "The JSON does not describe a task (`invalid_json`), or no node of the site could run it (`no_capable_node`, with the reasons; `wait_for_node` keeps it instead)", body = ApiError),
+        (status = 429, description = "The caller's token has as many pending tasks as it may (`pending_quota_exceeded`); nothing was stored", body = ApiError)
     )
 )]
 pub(crate) async fn submit_task(
     State(shared): State<Arc<Shared>>,
+    headers: HeaderMap,
     body: Result<Json<SubmitTask>, JsonRejection>,
 ) -> Result<(StatusCode, Json<TaskDetail>), HttpError> {
     let Json(submission) = body.map_err(|rejection| {
@@ -227,10 +229,38 @@ pub(crate) async fn submit_task(
         )
     })?;
     let task = prepare_task(&shared, submission, &mut KnownArtifacts::default()).await?;
-    shared.store.insert_task(&task).await?;
-    shared.wake_scheduler.notify_one();
+    store_submitted(&shared, &headers, std::slice::from_ref(&task)).await?;
     let detail = task_detail(&shared, &task.id).await?;
     Ok((StatusCode::CREATED, Json(detail)))
+}
+
+/// Stores a submission's tasks as the caller's (its token's), within its
+/// share of the queue (`pending-quota`): all of them, or none with
+/// `pending_quota_exceeded`. Then wakes the scheduler.
+pub(crate) async fn store_submitted(
+    shared: &Shared,
+    headers: &HeaderMap,
+    tasks: &[NewTask],
+) -> Result<(), HttpError> {
+    let submitter = crate::http::auth::caller_key(headers);
+    let quota = shared.pending_quota;
+    match shared
+        .store
+        .insert_tasks_as(tasks, &submitter, Some(quota))
+        .await?
+    {
+        Admission::Stored => {
+            shared.wake_scheduler.notify_one();
+            Ok(())
+        }
+        Admission::OverQuota { pending } => Err(HttpError::new(
+            ErrorCode::PendingQuotaExceeded,
+            format!(
+                "this token has {pending} pending tasks and may have at most {quota} (pending-quota); {} more would pass it: wait for some to be placed, or cancel some (starling tasks --state pending)",
+                tasks.len()
+            ),
+        )),
+    }
 }
 
 /// What submitting needs of each artifact a submission names, looked up
