@@ -120,9 +120,8 @@ pub(crate) struct Shared {
     /// Signs every assignment sent.
     pub(crate) signer: signing::Signer,
     pub(crate) max_artifact_bytes: usize,
-    /// Most bytes of stored artifacts one API token may have.
+    /// Most bytes of stored artifacts, and most pending tasks, one API token may have.
     pub(crate) artifact_quota_bytes: u64,
-    /// Most pending tasks one API token may have.
     pub(crate) pending_quota: u64,
     pub(crate) api_token: Option<String>,
     /// Which nodes are revoked; the coordinator's own MQTT user.
