@@ -7,7 +7,7 @@
 //! [`Running`] handle; the `starling-coordinator serve` binary is a thin
 //! wrapper around it.
 //!
-//! Map (ARCHITECTURE.md has the long form): `domain` holds the rules as pure
+//! Map (ARCHITECTURE.md is the map, docs/design/coordinator.md the long form): `domain` holds the rules as pure
 //! functions; `store` (sqlx, one query text for SQLite and PostgreSQL) and
 //! `registry` (node state, no I/O) hold the state; `mqtt` (broker, ingest,
 //! publish) and `http` (the REST API) are the only modules that know MQTT and

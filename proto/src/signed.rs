@@ -25,7 +25,7 @@ pub const REPORT_DOMAIN: &[u8] = b"starling/report/v1\0";
 
 /// The kinds of report a node signs. The last will is its own kind: it is
 /// signed at connect time, before the session's later reports, so it has its
-/// own counter and high-water mark (see ARCHITECTURE.md, "Node identity").
+/// own counter and high-water mark (docs/design/coordinator.md, "Reports prove their sender").
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum ReportChannel {

@@ -15,7 +15,7 @@ use std::path::{Path, PathBuf};
 /// The modules that must stay pure whatever else changes.
 const PURE: &[&str] = &["package", "spec", "expr", "signature"];
 
-/// The one module allowed `unsafe` (ARCHITECTURE.md).
+/// The one module allowed `unsafe` (docs/design/engine.md, `opencl/`).
 const UNSAFE_MODULE: &str = "exec";
 
 /// A module declared in `lib.rs`.
