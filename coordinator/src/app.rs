@@ -13,98 +13,15 @@ use std::time::Duration;
 use tokio::sync::{watch, Notify};
 use tokio::task::JoinHandle;
 
+use crate::bind_error::describe_bind_error;
 use crate::config::CoordinatorConfig;
+use crate::counters::Counters;
 use crate::mqtt::broker;
 use crate::registry::{NodeRegistry, Registry};
-use crate::store::{self, Store};
-use crate::{
-    access, domain, federation, http, loops, models, mqtt, server_tls, signing, task, Counters,
-};
+use crate::start_error::StartError;
+use crate::store::Store;
+use crate::{access, domain, federation, http, loops, models, mqtt, signing, task};
 use starling_net::BrokerAddress;
-
-/// Why the coordinator could not start. Each message says what to change.
-#[derive(Debug, thiserror::Error)]
-pub enum StartError {
-    /// The REST listen address is taken or invalid.
-    #[error(
-        "cannot listen on {addr}: {reason}; pass --listen with a free port (port 0 picks one)"
-    )]
-    Listen {
-        /// The address asked for.
-        addr: SocketAddr,
-        /// The OS's words.
-        reason: String,
-    },
-    /// The coordinator's own broker could not start.
-    #[error(transparent)]
-    Broker(#[from] broker::StartBrokerError),
-    /// The external broker URL is malformed.
-    #[error(transparent)]
-    BrokerUrl(#[from] starling_net::BrokerUrlError),
-    /// The REST API's certificate or key is unusable.
-    #[error("{0}; pass PEM files to --tls-cert and --tls-key")]
-    RestTls(#[from] server_tls::ServerTlsError),
-    /// The broker did not accept the coordinator's connection (or its TLS
-    /// settings are unusable).
-    #[error(transparent)]
-    BrokerConnect(#[from] mqtt::client::ConnectError),
-    /// The database could not be opened.
-    #[error(transparent)]
-    Database(#[from] store::OpenStoreError),
-    /// The coordinator's signing key could not be loaded or created.
-    #[error(transparent)]
-    Key(#[from] signing::KeyError),
-    /// Access control could not be set up (random bytes, the Mosquitto files).
-    #[error(transparent)]
-    Access(#[from] access::AccessError),
-    /// The MQTT login settings contradict each other.
-    #[error("{0}")]
-    MqttLogin(&'static str),
-    /// The data directory could not be created.
-    #[error(
-        "cannot create data directory {path}: {source}; pass --data-dir with a writable directory"
-    )]
-    DataDir {
-        /// The directory.
-        path: std::path::PathBuf,
-        /// The OS error.
-        #[source]
-        source: std::io::Error,
-    },
-    /// The placement policy is unknown.
-    #[error("{0}; pass --policy with one of them")]
-    Policy(#[from] starling_placement::UnknownPolicy),
-    /// A learned policy's model is unusable.
-    #[error("{0}")]
-    PolicyModel(starling_placement::PolicyError),
-    /// The model file given with --model cannot be used.
-    #[error("{0}; pass --model with a file from `starling-coordinator train`, or leave it out to run the shipped model")]
-    Model(#[from] models::ModelReadError),
-    /// The model drives another policy than --policy names.
-    #[error("model file {path} drives policy {model}, but --policy is {policy}; pass --policy {model} or a {policy} model")]
-    ModelPolicy {
-        /// The model file.
-        path: std::path::PathBuf,
-        /// The policy it drives.
-        model: &'static str,
-        /// The policy asked for.
-        policy: String,
-    },
-    /// Federation could not start.
-    #[error(transparent)]
-    Federation(#[from] federation::FederationError),
-    /// The topic prefix is invalid.
-    #[error("{0}; pass --topic-prefix like starling/v1")]
-    TopicPrefix(#[from] starling_proto::TopicError),
-    /// Artifact URLs under the public URL would not fit in an assignment.
-    #[error("public URL {url} is too long: artifact URLs under it exceed the {max}-byte limit of an assignment; pass a shorter --public-url")]
-    PublicUrl {
-        /// The public URL.
-        url: String,
-        /// The limit on a whole artifact URL.
-        max: usize,
-    },
-}
 
 /// State shared by the ingest loop, the scheduler and the REST handlers.
 pub(crate) struct Shared {
@@ -127,7 +44,7 @@ pub(crate) struct Shared {
     /// Which nodes are revoked; the coordinator's own MQTT user.
     pub(crate) mqtt_access: Arc<access::MqttAccess>,
     /// Rewrites Mosquitto's password file and ACL, when the coordinator writes them.
-    pub(crate) mosquitto: Option<access::MosquittoWriter>,
+    pub(crate) mosquitto: Option<Arc<access::MosquittoWriter>>,
     /// The highest report counter accepted per node and report channel.
     pub(crate) report_marks: Arc<std::sync::Mutex<domain::reports::ReportMarks>>,
     /// Whether nodes without a report key are heard (`--mqtt-allow-anonymous`,
@@ -162,12 +79,41 @@ impl Shared {
         self.signer.public_key_hex()
     }
 
+    /// The node and token use cases (REST handlers, console pages, `starling up`).
+    pub(crate) fn access(&self) -> crate::service::access::Access {
+        crate::service::access::Access {
+            store: self.store.clone(),
+            mqtt_access: self.mqtt_access.clone(),
+            mosquitto: self.mosquitto.clone(),
+            registry: self.registry.clone(),
+            feed: self.feed.clone(),
+            report_marks: self.report_marks.clone(),
+            max_attempts: self.max_attempts,
+            wake_scheduler: self.wake_scheduler.clone(),
+            coordinator_key: self.coordinator_key(),
+            topic_prefix: self.topics.prefix().to_string(),
+        }
+    }
+
+    /// The task use cases (REST handlers and console pages).
+    pub(crate) fn tasks(&self) -> crate::service::tasks::Tasks {
+        crate::service::tasks::Tasks {
+            store: self.store.clone(),
+            views: self.view_source(),
+            federation: self.federation.clone(),
+            publisher: self.publisher.clone(),
+            wake_scheduler: self.wake_scheduler.clone(),
+            pending_quota: self.pending_quota,
+        }
+    }
+
     /// Where cluster snapshots are read from (scheduler, site digest).
-    pub(crate) fn view_source(&self) -> loops::cluster_view::ViewSource {
-        loops::cluster_view::ViewSource {
+    pub(crate) fn view_source(&self) -> crate::cluster_view::ViewSource {
+        crate::cluster_view::ViewSource {
             registry: self.registry.clone(),
             store: self.store.clone(),
             node_timeout_ms: self.node_timeout_ms,
+            counters: self.counters.clone(),
             precompile: self.publisher.precompile.clone(),
         }
     }
@@ -188,11 +134,6 @@ impl Shared {
             counters: self.counters.clone(),
             feed: self.feed.clone(),
         }
-    }
-
-    /// Writes the registry (see [`NodeRegistry::read`] on poisoning).
-    pub(crate) fn registry_mut(&self) -> std::sync::RwLockWriteGuard<'_, Registry> {
-        self.registry.write()
     }
 }
 
@@ -267,7 +208,7 @@ impl Running {
         node_id: &str,
         report_key: &str,
     ) -> Result<starling_api::NodeCredentials, access::AccessError> {
-        access::mint_credentials(&self.shared, node_id, report_key).await
+        self.shared.access().mint(node_id, report_key).await
     }
 
     /// The store, for tools that run beside the coordinator.
@@ -564,7 +505,7 @@ pub async fn start(config: CoordinatorConfig) -> Result<Running, StartError> {
         pending_quota: config.pending_quota,
         api_token: config.api_token.clone(),
         mqtt_access,
-        mosquitto: mosquitto.map(access::MosquittoWriter::new),
+        mosquitto: mosquitto.map(|files| Arc::new(access::MosquittoWriter::new(files))),
         report_marks: Arc::new(std::sync::Mutex::new(report_marks)),
         accept_unsigned_reports: config.mqtt_allow_anonymous,
         wake_scheduler: Arc::new(Notify::new()),
@@ -787,14 +728,4 @@ async fn setup_access(
     }
     access::refresh(store, &mqtt_access, mosquitto.as_ref()).await?;
     Ok((mqtt_access, mosquitto, internal_user, internal_password))
-}
-
-/// Says "address in use" plainly for the commonest bind failure.
-pub(crate) fn describe_bind_error(error: &std::io::Error) -> String {
-    match error.kind() {
-        std::io::ErrorKind::AddrInUse => "address in use".to_string(),
-        std::io::ErrorKind::AddrNotAvailable => "address not available on this host".to_string(),
-        std::io::ErrorKind::PermissionDenied => "permission denied".to_string(),
-        _ => error.to_string(),
-    }
 }

@@ -9,6 +9,8 @@ use starling_proto::{NodeId, Runtime, WasmEngine};
 
 use std::sync::Arc;
 
+use crate::counters::Counters;
+use crate::domain::liveness::Silence;
 use crate::precompile::Precompile;
 use crate::registry::{NodeRegistry, Registry};
 use crate::store::{NewTask, Store, StoreError, TaskRecord};
@@ -74,10 +76,10 @@ pub(crate) struct ViewNode {
 /// cannot run.
 pub(crate) fn cluster_view(
     registry: &Registry,
-    node_timeout_ms: u64,
-    now_ms: u64,
+    silence: &Silence,
     runs_wasm: impl Fn(&WasmEngine) -> bool,
 ) -> (ClusterView, Vec<ViewNode>) {
+    let now_ms = silence.now_ms;
     let mut ids = Vec::with_capacity(registry.len());
     let mut nodes = Vec::with_capacity(registry.len());
     for entry in registry.nodes() {
@@ -86,9 +88,11 @@ pub(crate) fn cluster_view(
             telemetry_received_ms: entry.telemetry_received_ms,
         });
         // A node silent for too long is not offered work even if its last
-        // status said online: agents report telemetry every second, and a
-        // broker that lost its session state may never deliver a last will.
-        let heard_recently = now_ms.saturating_sub(entry.last_seen_ms) < node_timeout_ms;
+        // status said online (and before failure detection marks it): agents
+        // report telemetry every second, and a broker that lost its session
+        // state may never deliver a last will. Silence is judged as failure
+        // detection judges it.
+        let heard_recently = !silence.is_silent(entry.last_seen_ms);
         // One that left an assignment unanswered is offered nothing until
         // it answers (`domain::attempts`, the unanswered rule).
         let mut node = NodeView::from_reports(
@@ -153,6 +157,8 @@ pub(crate) struct ViewSource {
     pub(crate) store: Store,
     /// Silence after which a node is suspected, ms.
     pub(crate) node_timeout_ms: u64,
+    /// How far ingest is behind (not counted as a node's silence).
+    pub(crate) counters: Arc<Counters>,
     /// Which nodes without a compiler this coordinator compiles for.
     pub(crate) precompile: Precompile,
 }
@@ -160,12 +166,15 @@ pub(crate) struct ViewSource {
 impl ViewSource {
     /// The nodes as the policy sees them now, without the work in flight.
     pub(crate) fn nodes(&self) -> (ClusterView, Vec<ViewNode>) {
-        cluster_view(
-            &self.registry.read(),
-            self.node_timeout_ms,
-            unix_now_ms(),
-            |wasm| self.precompile.serves(wasm),
-        )
+        let silence = Silence {
+            now_ms: unix_now_ms(),
+            timeout_ms: self.node_timeout_ms,
+            ingest_lag_ms: self.counters.ingest.lag_ms(),
+            listening_since_ms: 0,
+        };
+        cluster_view(&self.registry.read(), &silence, |wasm| {
+            self.precompile.serves(wasm)
+        })
     }
 
     /// The view the policy and the site digest are computed from.

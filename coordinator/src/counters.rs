@@ -1,7 +1,16 @@
 //! The coordinator's counters, exported on `GET /metrics`: atomics every
-//! part increments without waiting on the others.
+//! part increments without waiting on the others. They sit below every part
+//! that counts (ingest, the loops, publishing) and name none of them.
 
-use crate::{domain, loops};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use crate::domain;
+
+/// How many workers apply messages side by side: enough to overlap
+/// database round trips, within the store's pool (4 SQLite, 8 PostgreSQL
+/// connections).
+pub(crate) const INGEST_WORKERS: usize = 4;
 
 /// Counters exported on `GET /metrics`.
 #[derive(Debug, Default)]
@@ -36,15 +45,162 @@ pub(crate) struct Counters {
     pub(crate) reports_refused:
         [std::sync::atomic::AtomicU64; domain::reports::ReportRefused::REASONS.len()],
     /// How far ingest is behind: messages waiting, and for how long.
-    pub(crate) ingest: crate::mqtt::handler::IngestLoad,
+    pub(crate) ingest: IngestLoad,
     /// Pending tasks parked for want of a node that could run them.
     pub(crate) tasks_parked: std::sync::atomic::AtomicU64,
     /// How long each scheduling round's placement decision took.
-    pub(crate) placement_decisions: loops::scheduler::DecisionTimes,
+    pub(crate) placement_decisions: DecisionTimes,
 }
 
 impl Counters {
     pub(crate) fn increment(counter: &std::sync::atomic::AtomicU64) {
         counter.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+/// How far ingest is behind the broker: what `/metrics` shows and what
+/// failure detection allows for.
+#[derive(Debug, Default)]
+pub(crate) struct IngestLoad {
+    /// Messages received and not yet handled (read when one is handed to its
+    /// worker).
+    pub(crate) backlog: AtomicU64,
+    /// Per worker: how long the messages it is applying waited for it, ms
+    /// (0 once it has caught up).
+    lag_ms: [AtomicU64; INGEST_WORKERS],
+}
+
+impl IngestLoad {
+    /// Records how long the messages `worker` is applying waited.
+    pub(crate) fn set_lag_ms_of(&self, worker: usize, lag_ms: u64) {
+        if let Some(lag) = self.lag_ms.get(worker) {
+            lag.store(lag_ms, Ordering::Relaxed);
+        }
+    }
+
+    /// As a worker would record it (tests of what reads it).
+    #[cfg(test)]
+    pub(crate) fn set_lag_ms(&self, worker: usize, lag_ms: u64) {
+        self.set_lag_ms_of(worker, lag_ms);
+    }
+
+    /// How long the oldest message being applied now waited, ms: while
+    /// ingest is this far behind, a node's latest report may be waiting in
+    /// the queue, so its silence is not yet known.
+    pub(crate) fn lag_ms(&self) -> u64 {
+        self.lag_ms
+            .iter()
+            .map(|lag| lag.load(Ordering::Relaxed))
+            .max()
+            .unwrap_or(0)
+    }
+}
+
+/// Upper bounds, seconds, of the buckets of
+/// `starling_placement_decision_seconds`: from 50 µs (a round of a few tasks
+/// on a small fleet; the heuristic decides in a few µs per task) to 2.5 s (a
+/// full queue window under a policy that scans thousands of nodes per task).
+pub(crate) const DECISION_BUCKETS_S: [f64; 15] = [
+    0.000_05, 0.000_1, 0.000_25, 0.000_5, 0.001, 0.002_5, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
+    1.0, 2.5,
+];
+
+/// How long the placement policy took to decide, once per scheduling round
+/// with work: a histogram with the buckets of [`DECISION_BUCKETS_S`], kept in
+/// atomics so the scheduler never waits on a scrape. Timed here, around the
+/// call: the engine reads no clock.
+#[derive(Debug, Default)]
+pub(crate) struct DecisionTimes {
+    /// Rounds whose decision took at most each bound and more than the one
+    /// before (not cumulative; the last slot is above every bound).
+    buckets: [AtomicU64; DECISION_BUCKETS_S.len() + 1],
+    /// Every round's decision time added up, nanoseconds.
+    sum_ns: AtomicU64,
+}
+
+/// A reading of [`DecisionTimes`] for the Prometheus text.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct DecisionTimesSnapshot {
+    /// `(upper bound, rounds at or under it)`, cumulative, without `+Inf`.
+    pub(crate) buckets: Vec<(f64, u64)>,
+    /// Every round: the `+Inf` bucket and `_count`.
+    pub(crate) count: u64,
+    /// Total seconds.
+    pub(crate) sum_s: f64,
+}
+
+impl DecisionTimes {
+    /// Records one round's decision time.
+    pub(crate) fn observe(&self, elapsed: Duration) {
+        let seconds = elapsed.as_secs_f64();
+        let slot = DECISION_BUCKETS_S
+            .iter()
+            .position(|bound| seconds <= *bound)
+            .unwrap_or(DECISION_BUCKETS_S.len());
+        if let Some(bucket) = self.buckets.get(slot) {
+            bucket.fetch_add(1, Ordering::Relaxed);
+        }
+        let nanos = u64::try_from(elapsed.as_nanos()).unwrap_or(u64::MAX);
+        self.sum_ns.fetch_add(nanos, Ordering::Relaxed);
+    }
+
+    /// The histogram now. The count is the buckets' total, so `+Inf` and
+    /// `_count` agree even while a round is being recorded.
+    pub(crate) fn snapshot(&self) -> DecisionTimesSnapshot {
+        let mut total = 0_u64;
+        let mut buckets = Vec::with_capacity(DECISION_BUCKETS_S.len());
+        for (bound, bucket) in DECISION_BUCKETS_S.iter().zip(&self.buckets) {
+            total = total.saturating_add(bucket.load(Ordering::Relaxed));
+            buckets.push((*bound, total));
+        }
+        let above = self
+            .buckets
+            .last()
+            .map_or(0, |bucket| bucket.load(Ordering::Relaxed));
+        DecisionTimesSnapshot {
+            buckets,
+            count: total.saturating_add(above),
+            sum_s: self.sum_ns.load(Ordering::Relaxed) as f64 / 1e9,
+        }
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn decision_times_fill_cumulative_buckets_and_agree_on_the_count() {
+        let times = DecisionTimes::default();
+        assert_eq!(times.snapshot().count, 0);
+        times.observe(Duration::from_micros(30)); // first bucket
+        times.observe(Duration::from_micros(100)); // on a bound: that bucket
+        times.observe(Duration::from_millis(3)); // 0.005
+        times.observe(Duration::from_secs(10)); // above every bound
+        let snapshot = times.snapshot();
+        assert_eq!(snapshot.count, 4);
+        let at = |bound: f64| {
+            snapshot
+                .buckets
+                .iter()
+                .find(|(b, _)| *b == bound)
+                .map(|(_, count)| *count)
+                .unwrap()
+        };
+        assert_eq!(at(0.000_05), 1);
+        assert_eq!(at(0.000_1), 2);
+        assert_eq!(at(0.002_5), 2);
+        assert_eq!(at(0.005), 3);
+        assert_eq!(at(2.5), 3, "10 s is only in +Inf");
+        assert!(
+            (snapshot.sum_s - 10.003_13).abs() < 1e-9,
+            "{}",
+            snapshot.sum_s
+        );
+        assert!(snapshot
+            .buckets
+            .windows(2)
+            .all(|pair| pair[0].1 <= pair[1].1));
     }
 }

@@ -168,7 +168,7 @@ impl Precompile {
 #[allow(clippy::unwrap_used, clippy::expect_used)]
 mod tests {
     use super::*;
-    use crate::loops::cluster_view::cluster_view;
+    use crate::cluster_view::cluster_view;
     use crate::registry::tests::capability;
     use crate::task::TaskStatus;
 
@@ -306,7 +306,13 @@ mod tests {
     async fn the_view_offers_wasm_only_to_nodes_that_can_run_it() {
         let dir = tempfile::tempdir().unwrap();
         let (precompile, _) = fixture(dir.path()).await;
-        let (view, ids) = cluster_view(&precompile.registry.read(), u64::MAX, NOW, |wasm| {
+        let silence = crate::domain::liveness::Silence {
+            now_ms: NOW,
+            timeout_ms: u64::MAX,
+            ingest_lag_ms: 0,
+            listening_since_ms: 0,
+        };
+        let (view, ids) = cluster_view(&precompile.registry.read(), &silence, |wasm| {
             precompile.serves(wasm)
         });
         let runs_wasm: Vec<(&str, bool)> = ids

@@ -6,6 +6,8 @@ use std::collections::BTreeMap;
 
 use starling_proto::{Capability, NodeId, NodeState, Status, Telemetry};
 
+use crate::domain::liveness::Silence;
+
 /// What the registry knows about one node.
 #[derive(Debug, Clone, PartialEq)]
 pub struct NodeEntry {
@@ -246,21 +248,14 @@ impl Registry {
         })
     }
 
-    /// Marks offline every online node not heard from for `timeout_ms` (as
-    /// if its last will had arrived) and returns them: agents report telemetry
+    /// Marks offline every online node `silence` finds silent (as if its
+    /// last will had arrived) and returns them: agents report telemetry
     /// every second, and a broker that lost its session state may never
-    /// deliver a last will. Silence counts from `listening_since_ms` at the
-    /// earliest (when the observer's own connection came up).
-    pub fn suspect_silent(
-        &mut self,
-        now_ms: u64,
-        timeout_ms: u64,
-        listening_since_ms: u64,
-    ) -> Vec<NodeId> {
+    /// deliver a last will.
+    pub fn suspect_silent(&mut self, silence: &Silence) -> Vec<NodeId> {
         let mut suspected = Vec::new();
         for (id, entry) in &mut self.nodes {
-            let heard = entry.last_seen_ms.max(listening_since_ms);
-            if entry.online() && now_ms.saturating_sub(heard) >= timeout_ms {
+            if entry.online() && silence.is_silent(entry.last_seen_ms) {
                 entry.state = Some(NodeState::Offline);
                 entry.silent = true;
                 suspected.push(id.clone());
@@ -347,6 +342,17 @@ impl NodeRegistry {
 pub(crate) mod tests {
     use super::*;
     use starling_proto::{CpuInfo, LinkState, PROTOCOL_VERSION};
+
+    /// Silence at `now_ms` under `timeout_ms`, listening since
+    /// `listening_since_ms`, ingest caught up.
+    fn silence(now_ms: u64, timeout_ms: u64, listening_since_ms: u64) -> Silence {
+        Silence {
+            now_ms,
+            timeout_ms,
+            ingest_lag_ms: 0,
+            listening_since_ms,
+        }
+    }
 
     pub(crate) fn capability(id: &str) -> Capability {
         let mut capability = Capability {
@@ -515,19 +521,22 @@ pub(crate) mod tests {
             .apply_status(&id, status("quiet", NodeState::Online), 1)
             .unwrap();
         assert_eq!(
-            registry.suspect_silent(4_999, 5_000, 0),
+            registry.suspect_silent(&silence(4_999, 5_000, 0)),
             Vec::<NodeId>::new()
         );
         // Not while the observer itself has only just been listening.
         assert_eq!(
-            registry.suspect_silent(5_001, 5_000, 3_000),
+            registry.suspect_silent(&silence(5_001, 5_000, 3_000)),
             Vec::<NodeId>::new()
         );
-        assert_eq!(registry.suspect_silent(5_001, 5_000, 0), vec![id.clone()]);
+        assert_eq!(
+            registry.suspect_silent(&silence(5_001, 5_000, 0)),
+            vec![id.clone()]
+        );
         assert!(!registry.get(&id).unwrap().online());
         assert_eq!(registry.get(&id).unwrap().last_seen_ms, 1);
         assert_eq!(
-            registry.suspect_silent(9_000, 5_000, 0),
+            registry.suspect_silent(&silence(9_000, 5_000, 0)),
             Vec::<NodeId>::new()
         );
         assert_eq!(
@@ -595,7 +604,9 @@ pub(crate) mod tests {
             30
         );
         // Never suspected: silence is measured on our clock.
-        assert!(registry.suspect_silent(11_100 + 4_999, 5_000, 0).is_empty());
+        assert!(registry
+            .suspect_silent(&silence(11_100 + 4_999, 5_000, 0))
+            .is_empty());
         assert!(registry.get(&id).unwrap().online());
     }
 
@@ -617,7 +628,10 @@ pub(crate) mod tests {
         assert_eq!(entry.last_seen_ms, 1_200);
         assert_eq!(entry.telemetry_received_ms, Some(1_000));
         // A silent node comes back on any sample, even one whose figures are dropped.
-        assert_eq!(registry.suspect_silent(7_000, 5_000, 0), vec![id.clone()]);
+        assert_eq!(
+            registry.suspect_silent(&silence(7_000, 5_000, 0)),
+            vec![id.clone()]
+        );
         assert_eq!(
             registry.apply_telemetry(&id, telemetry("n", 1, 9_000), 7_000),
             Ok(RegistryChange::NodeOnline(id.clone()))

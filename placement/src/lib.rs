@@ -18,6 +18,7 @@ pub mod federation;
 pub mod learned;
 pub mod model;
 pub mod policy;
+pub mod sample;
 pub mod sim;
 pub mod testing;
 

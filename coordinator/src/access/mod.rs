@@ -29,7 +29,6 @@ use std::sync::RwLock;
 
 use base64::Engine as _;
 use sha2::{Digest as _, Sha256, Sha512};
-use starling_api::NodeCredentials;
 
 use crate::store::access::{NewCredentials, NodeCredentialRow};
 use crate::store::{Store, StoreError};
@@ -422,45 +421,6 @@ pub(crate) async fn learn_node(
         mqtt.learn(&row);
     }
     Ok(())
-}
-
-/// Stores fresh credentials for `node_id` (replacing any) and returns them.
-pub(crate) async fn mint_credentials(
-    shared: &crate::Shared,
-    node_id: &str,
-    report_key: &str,
-) -> Result<NodeCredentials, AccessError> {
-    parse_report_key(report_key).map_err(AccessError::ReportKey)?;
-    let (password, hashes) = new_node_password()?;
-    shared
-        .store
-        .set_node_credentials(
-            node_id,
-            hashes.for_node(report_key),
-            crate::task::unix_now_ms(),
-        )
-        .await?;
-    if let Ok(node) = starling_proto::NodeId::new(node_id) {
-        shared
-            .report_marks
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .forget(&node);
-    }
-    node_changed(
-        &shared.store,
-        &shared.mqtt_access,
-        shared.mosquitto.as_ref(),
-        node_id,
-    )
-    .await?;
-    Ok(NodeCredentials {
-        node_id: node_id.to_string(),
-        mqtt_username: node_id.to_string(),
-        mqtt_password: password,
-        coordinator_key: shared.coordinator_key(),
-        topic_prefix: shared.topics.prefix().to_string(),
-    })
 }
 
 #[cfg(test)]

@@ -1,9 +1,39 @@
-//! Failure detection's bookkeeping, without I/O: which nodes' work goes back
-//! to the queue after one check. The loop (`loops::liveness`) reads the
-//! registry and the store, calls [`Detector::check`], and requeues what it
-//! answers.
+//! Failure detection without I/O: whether a node is silent ([`Silence`],
+//! the one rule, read by the registry's suspicion and by the cluster view
+//! that decides which nodes a round offers work), and which nodes' work goes
+//! back to the queue after one check ([`Detector`]). The loop
+//! (`loops::liveness`) reads the registry and the store, calls
+//! [`Detector::check`], and requeues what it answers.
 
 use std::collections::HashMap;
+
+/// How silence is judged at one moment, on the coordinator's receive clock.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Silence {
+    /// Now, Unix ms.
+    pub now_ms: u64,
+    /// Silence after which a node is suspected, ms.
+    pub timeout_ms: u64,
+    /// How far ingest is behind, ms: a node's latest report may be waiting
+    /// in the queue, so that time is not its silence.
+    pub ingest_lag_ms: u64,
+    /// Since when the coordinator's own broker connection is up, Unix ms (0:
+    /// counting from any time): silence before it is not the node's.
+    pub listening_since_ms: u64,
+}
+
+impl Silence {
+    /// Whether a node last heard at `last_heard_ms` is silent: nothing from
+    /// it for the timeout, not counting the time ingest is behind nor the
+    /// time before the coordinator listened.
+    pub fn is_silent(&self, last_heard_ms: u64) -> bool {
+        let heard = last_heard_ms.max(self.listening_since_ms);
+        self.now_ms
+            .saturating_sub(self.ingest_lag_ms)
+            .saturating_sub(heard)
+            >= self.timeout_ms
+    }
+}
 
 /// What one check sees.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -77,6 +107,32 @@ impl Detector {
 #[allow(clippy::unwrap_used, clippy::expect_used)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn silence_counts_from_the_last_report_but_not_ingest_lag_nor_before_listening() {
+        let at = |now_ms, ingest_lag_ms, listening_since_ms| Silence {
+            now_ms,
+            timeout_ms: 5_000,
+            ingest_lag_ms,
+            listening_since_ms,
+        };
+        assert!(!at(5_999, 0, 0).is_silent(1_000));
+        assert!(at(6_000, 0, 0).is_silent(1_000), "the timeout reached");
+        assert!(
+            !at(6_000, 1, 0).is_silent(1_000),
+            "a report may be waiting in ingest"
+        );
+        assert!(at(9_000, 3_000, 0).is_silent(1_000));
+        assert!(
+            !at(6_000, 0, 2_000).is_silent(1_000),
+            "silence before listening"
+        );
+        assert!(at(7_000, 0, 2_000).is_silent(1_000));
+        assert!(
+            !at(0, 0, 0).is_silent(u64::MAX),
+            "a report from the future is no silence"
+        );
+    }
 
     const TIMEOUT: u64 = 5_000;
 

@@ -236,7 +236,7 @@ impl Federation {
 #[derive(Clone)]
 pub(crate) struct DigestSource {
     pub(crate) store: crate::store::Store,
-    pub(crate) views: crate::loops::cluster_view::ViewSource,
+    pub(crate) views: crate::cluster_view::ViewSource,
     pub(crate) public_url: String,
 }
 
@@ -265,7 +265,7 @@ async fn digest(
 ) -> Result<SiteDigest, String> {
     let pending = source
         .store
-        .pending_tasks(crate::loops::cluster_view::QUEUE_WINDOW)
+        .pending_tasks(crate::cluster_view::QUEUE_WINDOW)
         .await
         .map_err(|error| error.to_string())?;
     let snapshot = source

@@ -47,18 +47,23 @@ impl HttpError {
     pub fn code(&self) -> ErrorCode {
         self.body.error
     }
-
-    /// The same refusal with its message rewritten by `change` (a batch
-    /// names the item it refused).
-    pub(crate) fn map_message(mut self, change: impl FnOnce(&str) -> String) -> Self {
-        self.body.message = change(&self.body.message);
-        self
-    }
 }
 
 impl IntoResponse for HttpError {
     fn into_response(self) -> Response {
         (self.status, Json(self.body)).into_response()
+    }
+}
+
+impl From<crate::service::ServiceError> for HttpError {
+    fn from(error: crate::service::ServiceError) -> Self {
+        use crate::service::ServiceError;
+        match error {
+            ServiceError::Refused { code, message } => Self::new(code, message),
+            ServiceError::Store(error) => error.into(),
+            ServiceError::Publish(error) => error.into(),
+            ServiceError::Internal(error) => Self::internal(error),
+        }
     }
 }
 

@@ -287,6 +287,36 @@ mod tests {
             }
         }
     }
+    /// The route table and the OpenAPI document name the same routes: a
+    /// route documented and not listed would need `admin` by accident, one
+    /// listed and not documented would be missing from the contract (and
+    /// from `scripts/api-fuzz`).
+    /// `rest.rs::openapi_document_is_checked_in_and_every_get_path_answers`
+    /// checks that the router serves every documented route.
+    #[test]
+    fn the_route_table_and_the_openapi_document_name_the_same_routes() {
+        let document: serde_json::Value =
+            serde_json::from_str(&super::super::openapi::openapi_json()).unwrap();
+        let mut documented = std::collections::BTreeSet::new();
+        for (path, operations) in document["paths"].as_object().unwrap() {
+            for method in operations.as_object().unwrap().keys() {
+                if method != "parameters" {
+                    documented.insert((method.to_uppercase(), path.clone()));
+                }
+            }
+        }
+        let listed: std::collections::BTreeSet<(String, String)> = ROUTES
+            .iter()
+            .map(|(method, path, _)| (method.as_str().to_string(), (*path).to_string()))
+            .collect();
+        let undocumented: Vec<_> = listed.difference(&documented).collect();
+        let unlisted: Vec<_> = documented.difference(&listed).collect();
+        assert!(
+            undocumented.is_empty() && unlisted.is_empty(),
+            "in ROUTES, not in the OpenAPI document: {undocumented:?}; documented, not in ROUTES: {unlisted:?}"
+        );
+    }
+
     #[test]
     fn every_route_has_an_access_rule() {
         for (i, (method, path, access)) in ROUTES.iter().enumerate() {

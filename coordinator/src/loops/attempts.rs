@@ -15,12 +15,12 @@ use std::time::Duration;
 
 use tokio::sync::{watch, Notify};
 
+use crate::counters::Counters;
 use crate::domain::attempts::{AttemptEnd, InFlight, NodeReport, Review, Reviewer, Verdict};
 use crate::mqtt::publish::Publisher;
 use crate::registry::NodeRegistry;
 use crate::store::{Store, StoreError};
 use crate::task::unix_now_ms;
-use crate::Counters;
 
 /// How often attempts are reviewed, at most.
 const MAX_TICK: Duration = Duration::from_secs(1);

@@ -21,11 +21,11 @@ use std::time::Duration;
 
 use tokio::sync::{watch, Notify};
 
-use crate::domain::liveness::{Detector, Observation};
+use crate::counters::Counters;
+use crate::domain::liveness::{Detector, Observation, Silence};
 use crate::registry::NodeRegistry;
 use crate::store::{Store, StoreError};
 use crate::task::unix_now_ms;
-use crate::Counters;
 
 /// The longest pause between two checks.
 const MAX_TICK: Duration = Duration::from_millis(500);
@@ -79,14 +79,16 @@ impl Liveness {
         let timeout_ms = self.node_timeout_ms;
         let listening_since = self.broker_up_since_ms.load(Ordering::Relaxed);
         let listening_since_ms = (listening_since != 0).then_some(listening_since);
-        // Time ingest spent behind is not silence: a node's latest report
-        // may be waiting in the queue.
-        let heard_until_ms = now_ms.saturating_sub(self.counters.ingest.lag_ms());
         let newly_silent: Vec<String> = match listening_since_ms {
             Some(since) => self
                 .registry
                 .write()
-                .suspect_silent(heard_until_ms, timeout_ms, since)
+                .suspect_silent(&Silence {
+                    now_ms,
+                    timeout_ms,
+                    ingest_lag_ms: self.counters.ingest.lag_ms(),
+                    listening_since_ms: since,
+                })
                 .into_iter()
                 .map(|id| {
                     Counters::increment(&self.counters.nodes_suspected);

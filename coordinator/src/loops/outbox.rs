@@ -18,10 +18,10 @@ use std::time::Duration;
 
 use tokio::sync::watch;
 
+use crate::counters::Counters;
 use crate::mqtt::publish::{ArtifactPublishers, Publisher};
 use crate::store::StoreError;
 use crate::task::{unix_now_ms, TaskStatus};
-use crate::Counters;
 
 /// Most due rows handled in one pass of the loop.
 const BATCH: u32 = 256;

@@ -9,7 +9,7 @@ use starling_placement::federation::{commit, route, RemoteSite, Route};
 use starling_placement::{Decision, Outcome, PendingTask};
 use starling_proto::NodeId;
 
-use crate::loops::cluster_view::ViewNode;
+use crate::cluster_view::ViewNode;
 use crate::store::TaskRecord;
 
 /// What to do with one decision.
@@ -190,7 +190,7 @@ mod tests {
     use starling_proto::{ClassCapacity, SiteId, WorkClass};
 
     use super::*;
-    use crate::loops::cluster_view::{assemble, Snapshot};
+    use crate::cluster_view::{assemble, Snapshot};
 
     const NOW: u64 = 100_000;
 

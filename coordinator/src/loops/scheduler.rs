@@ -3,7 +3,7 @@
 //! their explanations) and publishes each placement as a signed `Assignment`
 //! (the first send of the outbox row written with the placement).
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -11,10 +11,10 @@ use starling_placement::capable::fleet_fingerprint;
 use starling_placement::{ClusterView, Policy};
 use tokio::sync::{watch, Notify};
 
-use crate::federation::Federation;
-use crate::loops::cluster_view::{
+use crate::cluster_view::{
     sort_window, withhold_behind, Snapshot, ViewSource, MAX_WINDOWS_PER_ROUND, QUEUE_WINDOW,
 };
+use crate::federation::Federation;
 use crate::loops::round::{Round, Step};
 use crate::mqtt::publish::{ArtifactPublishers, Publisher};
 use crate::store::{OutboxEntry, Placement, StoreError, TaskRecord};
@@ -46,75 +46,6 @@ pub struct RoundSummary {
     pub held: usize,
     /// Tasks sent to another site.
     pub forwarded: usize,
-}
-
-/// Upper bounds, seconds, of the buckets of
-/// `starling_placement_decision_seconds`: from 50 µs (a round of a few tasks
-/// on a small fleet; the heuristic decides in a few µs per task) to 2.5 s (a
-/// full queue window under a policy that scans thousands of nodes per task).
-pub(crate) const DECISION_BUCKETS_S: [f64; 15] = [
-    0.000_05, 0.000_1, 0.000_25, 0.000_5, 0.001, 0.002_5, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
-    1.0, 2.5,
-];
-
-/// How long the placement policy took to decide, once per scheduling round
-/// with work: a histogram with the buckets of [`DECISION_BUCKETS_S`], kept in
-/// atomics so the scheduler never waits on a scrape. Timed here, around the
-/// call: the engine reads no clock.
-#[derive(Debug, Default)]
-pub(crate) struct DecisionTimes {
-    /// Rounds whose decision took at most each bound and more than the one
-    /// before (not cumulative; the last slot is above every bound).
-    buckets: [AtomicU64; DECISION_BUCKETS_S.len() + 1],
-    /// Every round's decision time added up, nanoseconds.
-    sum_ns: AtomicU64,
-}
-
-/// A reading of [`DecisionTimes`] for the Prometheus text.
-#[derive(Debug, Clone, PartialEq)]
-pub(crate) struct DecisionTimesSnapshot {
-    /// `(upper bound, rounds at or under it)`, cumulative, without `+Inf`.
-    pub(crate) buckets: Vec<(f64, u64)>,
-    /// Every round: the `+Inf` bucket and `_count`.
-    pub(crate) count: u64,
-    /// Total seconds.
-    pub(crate) sum_s: f64,
-}
-
-impl DecisionTimes {
-    /// Records one round's decision time.
-    pub(crate) fn observe(&self, elapsed: Duration) {
-        let seconds = elapsed.as_secs_f64();
-        let slot = DECISION_BUCKETS_S
-            .iter()
-            .position(|bound| seconds <= *bound)
-            .unwrap_or(DECISION_BUCKETS_S.len());
-        if let Some(bucket) = self.buckets.get(slot) {
-            bucket.fetch_add(1, Ordering::Relaxed);
-        }
-        let nanos = u64::try_from(elapsed.as_nanos()).unwrap_or(u64::MAX);
-        self.sum_ns.fetch_add(nanos, Ordering::Relaxed);
-    }
-
-    /// The histogram now. The count is the buckets' total, so `+Inf` and
-    /// `_count` agree even while a round is being recorded.
-    pub(crate) fn snapshot(&self) -> DecisionTimesSnapshot {
-        let mut total = 0_u64;
-        let mut buckets = Vec::with_capacity(DECISION_BUCKETS_S.len());
-        for (bound, bucket) in DECISION_BUCKETS_S.iter().zip(&self.buckets) {
-            total = total.saturating_add(bucket.load(Ordering::Relaxed));
-            buckets.push((*bound, total));
-        }
-        let above = self
-            .buckets
-            .last()
-            .map_or(0, |bucket| bucket.load(Ordering::Relaxed));
-        DecisionTimesSnapshot {
-            buckets,
-            count: total.saturating_add(above),
-            sum_s: self.sum_ns.load(Ordering::Relaxed) as f64 / 1e9,
-        }
-    }
 }
 
 /// What the scheduler uses, and nothing else.
@@ -398,45 +329,5 @@ impl Scheduler {
             }
         }
         Ok(count)
-    }
-}
-
-#[cfg(test)]
-#[allow(clippy::unwrap_used, clippy::expect_used)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn decision_times_fill_cumulative_buckets_and_agree_on_the_count() {
-        let times = DecisionTimes::default();
-        assert_eq!(times.snapshot().count, 0);
-        times.observe(Duration::from_micros(30)); // first bucket
-        times.observe(Duration::from_micros(100)); // on a bound: that bucket
-        times.observe(Duration::from_millis(3)); // 0.005
-        times.observe(Duration::from_secs(10)); // above every bound
-        let snapshot = times.snapshot();
-        assert_eq!(snapshot.count, 4);
-        let at = |bound: f64| {
-            snapshot
-                .buckets
-                .iter()
-                .find(|(b, _)| *b == bound)
-                .map(|(_, count)| *count)
-                .unwrap()
-        };
-        assert_eq!(at(0.000_05), 1);
-        assert_eq!(at(0.000_1), 2);
-        assert_eq!(at(0.002_5), 2);
-        assert_eq!(at(0.005), 3);
-        assert_eq!(at(2.5), 3, "10 s is only in +Inf");
-        assert!(
-            (snapshot.sum_s - 10.003_13).abs() < 1e-9,
-            "{}",
-            snapshot.sum_s
-        );
-        assert!(snapshot
-            .buckets
-            .windows(2)
-            .all(|pair| pair[0].1 <= pair[1].1));
     }
 }

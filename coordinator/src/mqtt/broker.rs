@@ -548,7 +548,7 @@ fn find_mosquitto() -> Option<PathBuf> {
 fn reserve(listen: SocketAddr) -> Result<SocketAddr, StartBrokerError> {
     let probe = TcpListener::bind(listen).map_err(|error| StartBrokerError::Bind {
         addr: listen,
-        reason: crate::describe_bind_error(&error),
+        reason: crate::bind_error::describe_bind_error(&error),
     })?;
     probe.local_addr().map_err(|error| StartBrokerError::Bind {
         addr: listen,

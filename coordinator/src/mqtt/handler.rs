@@ -6,65 +6,26 @@
 //! Replicas on a shared database also reload node credentials here.
 
 use std::hash::{Hash as _, Hasher as _};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use tokio::sync::mpsc;
 
 use super::inbound::{Inbound, IngestError};
 use super::ingest::{admit, apply_report, handle_events, Admitted, Handled, Ingest, Received};
+use crate::counters::{Counters, INGEST_WORKERS};
 use crate::domain::reports::ReportRefused;
 use crate::store::EventOutcome;
-use crate::Counters;
 
-/// How many workers apply messages side by side: enough to overlap
-/// database round trips, within the store's pool (4 SQLite, 8 PostgreSQL
-/// connections).
-const WORKERS: usize = 4;
+/// How many workers apply messages side by side (the number is the
+/// metrics' too: each worker's lag is kept apart).
+const WORKERS: usize = INGEST_WORKERS;
 
 /// Received messages waiting for the handler: room for a burst of reports
 /// (a second of a few thousand nodes). While this is full the MQTT loop
 /// waits, and with it the broker's acknowledgements of what the
 /// coordinator sends.
 pub(crate) const RECEIVED_QUEUE: usize = 8_192;
-
-/// How far ingest is behind the broker: what `/metrics` shows and what
-/// failure detection allows for.
-#[derive(Debug, Default)]
-pub(crate) struct IngestLoad {
-    /// Messages received and not yet handled (read when one is handed to its
-    /// worker).
-    pub(crate) backlog: AtomicU64,
-    /// Per worker: how long the messages it is applying waited for it, ms
-    /// (0 once it has caught up).
-    lag_ms: [AtomicU64; WORKERS],
-}
-
-impl IngestLoad {
-    /// Records how long the messages `worker` is applying waited.
-    fn set_lag_ms_of(&self, worker: usize, lag_ms: u64) {
-        if let Some(lag) = self.lag_ms.get(worker) {
-            lag.store(lag_ms, Ordering::Relaxed);
-        }
-    }
-
-    /// As a worker would record it (tests of what reads it).
-    #[cfg(test)]
-    pub(crate) fn set_lag_ms(&self, worker: usize, lag_ms: u64) {
-        self.set_lag_ms_of(worker, lag_ms);
-    }
-
-    /// How long the oldest message being applied now waited, ms: while
-    /// ingest is this far behind, a node's latest report may be waiting in
-    /// the queue, so its silence is not yet known.
-    pub(crate) fn lag_ms(&self) -> u64 {
-        self.lag_ms
-            .iter()
-            .map(|lag| lag.load(Ordering::Relaxed))
-            .max()
-            .unwrap_or(0)
-    }
-}
 
 /// Most messages a worker takes at once, and so most events recorded in
 /// one transaction.

@@ -22,12 +22,12 @@ use starling_proto::{
 pub use super::inbound::IngestError;
 use super::inbound::{parse_inbound, Inbound, Senders};
 use crate::access::MqttAccess;
+use crate::counters::Counters;
 use crate::domain::reports::{ReportMarks, Sender};
 use crate::mqtt::client::MqttClient;
 use crate::registry::{NodeRegistry, RegistryChange};
 use crate::store::{EventOutcome, EventToRecord, ReportMark, Store};
 use crate::task::TaskStatus;
-use crate::Counters;
 use starling_api::{NodeChangeKind, TelemetrySample};
 
 /// What ingest uses of the coordinator, and nothing else: the store and the

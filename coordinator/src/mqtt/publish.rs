@@ -11,11 +11,11 @@ use starling_proto::{
     PROTOCOL_VERSION,
 };
 
+use crate::counters::Counters;
 use crate::domain::delivery::backoff;
 use crate::precompile::{Precompile, PrecompileFailure};
 use crate::signing::Signer;
 use crate::store::{OutboxEntry, Store, StoreError, TaskRecord};
-use crate::Counters;
 
 /// The one sender of assignments and cancels: what the scheduler, the outbox
 /// and the REST API's cancel use to reach a node, and nothing more.

@@ -10,8 +10,8 @@ use starling_proto::Channel;
 use tokio::sync::{mpsc, watch};
 
 use super::ingest::{Ingest, Received, CONSUMED_CHANNELS};
+use crate::counters::Counters;
 use crate::task::unix_now_ms;
-use crate::Counters;
 
 /// Subscribes to every node's capability, telemetry, status and events.
 /// Uses the non-blocking request path: it runs on the task that drives the

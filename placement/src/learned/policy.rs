@@ -340,7 +340,8 @@ impl Policy for LearnedPolicy {
             if let (LearnedKind::Hirl, Some(power)) = (self.kind, actor) {
                 let mut action = power.forward1(chosen_features, &mut self.scratch);
                 if let Some(exploration) = self.exploration {
-                    action += (crate::sim::normal(&mut self.rng) * exploration.power_noise) as f32;
+                    action +=
+                        (crate::sample::normal(&mut self.rng) * exploration.power_noise) as f32;
                     action = action.clamp(0.0, 1.0);
                 }
                 power_action = Some(action);

@@ -22,12 +22,12 @@ use serde::{Deserialize, Serialize};
 use crate::learned::ModelFile;
 use crate::policy::PolicyError;
 
+pub use crate::sample::normal;
 pub use report::{LoadReport, PolicyRow, SimReport};
 pub use scale::{scale, ScaleConfig, ScaleReport, ScaleRow};
 pub use scenario::{Scenario, ScenarioError};
 pub use sites::{run_sites, SiteTally, SitesConfig, SitesReport, SitesRow};
 pub use stats::{pinned, run_seeds, Interval, SeedsReport, SeedsRow, PINNED_SEEDS};
-pub use workload::normal;
 
 /// A source of elapsed time, injected by the caller.
 pub trait Stopwatch {

@@ -7,6 +7,7 @@ use rand_chacha::ChaCha8Rng;
 use starling_proto::{GpuKind, Label, Runtime};
 
 use crate::model::{Constraints, Demand, NetworkLink, NodeView, PendingTask, TaskClass};
+use crate::sample::normal;
 use crate::sim::profiles::{scenario_profiles, DeviceProfile};
 use crate::sim::scenario::{Arrival, ClassName, Scenario, TaskType, WorkDistribution};
 use crate::sim::{LoadLevel, SimConfig, SimError};
@@ -47,14 +48,6 @@ fn capacity(profile: &DeviceProfile, mix_gpu_share: f64) -> f64 {
         Some(gpu) => cpu + f64::from(gpu.devices) * gpu.speed * mix_gpu_share.min(1.0) * 2.0,
         None => cpu,
     }
-}
-
-/// A standard normal draw (Box–Muller), for the simulator and the learners'
-/// exploration noise.
-pub fn normal(rng: &mut ChaCha8Rng) -> f64 {
-    let u1: f64 = rng.random_range(f64::EPSILON..1.0);
-    let u2: f64 = rng.random_range(0.0..1.0);
-    (-2.0 * u1.ln()).sqrt() * (2.0 * core::f64::consts::PI * u2).cos()
 }
 
 fn exponential(rng: &mut ChaCha8Rng, rate: f64) -> f64 {

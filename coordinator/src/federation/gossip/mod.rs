@@ -238,7 +238,7 @@ pub struct Gossip {
 async fn bind(addr: SocketAddr) -> Result<(UdpSocket, TcpListener), GossipError> {
     let failed = |error: std::io::Error| GossipError::Bind {
         addr,
-        reason: crate::describe_bind_error(&error),
+        reason: crate::bind_error::describe_bind_error(&error),
     };
     let mut tries = 0;
     loop {

@@ -19,7 +19,7 @@ use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::Extension;
 use serde::Deserialize;
-use starling_api::{EventKind, LiveEvent, NodeChangeKind, Role};
+use starling_api::{EventKind, LiveEvent, NodeChangeKind, Role, TaskDetail};
 
 use super::fragments::{node_cells, node_event, task_cells, task_event};
 use super::layout::{Caller, ConsoleError};
@@ -28,7 +28,8 @@ use super::pages::node::{live_section as node_live, node_view};
 use super::pages::task::live_section as task_live;
 use super::pages::tasks::{rows as task_rows, task_page, TaskQuery};
 use crate::http::auth::session_caller;
-use crate::http::handlers::tasks::{task_detail, task_summary};
+use crate::http::error::HttpError;
+use crate::http::views::task_summary;
 use crate::live::{Delivery, Filter, Subscription};
 use crate::task::unix_now_ms;
 use crate::Shared;
@@ -150,7 +151,14 @@ impl Stream {
                         id,
                         self.seen,
                         || shared.feed.latest_seq(),
-                        || task_detail(shared, id),
+                        || async {
+                            shared
+                                .tasks()
+                                .detail(id)
+                                .await
+                                .map(TaskDetail::from)
+                                .map_err(HttpError::from)
+                        },
                     )
                     .await;
                 let task = match read {

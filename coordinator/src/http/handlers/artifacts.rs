@@ -178,7 +178,7 @@ pub(crate) async fn sign_artifact(
     Path(digest): Path<String>,
     body: Result<Json<ArtifactSignature>, JsonRejection>,
 ) -> Result<Json<ArtifactSignature>, HttpError> {
-    let digest = parse_digest(&digest)?;
+    let digest = crate::service::parse_digest(&digest)?;
     let body = json_body(body, "ArtifactSignature")?;
     let publisher = verified_publisher(&body, &digest)?;
     if !shared
@@ -226,15 +226,6 @@ pub(crate) fn verified_publisher(
     Ok(publisher)
 }
 
-pub(crate) fn parse_digest(text: &str) -> Result<Digest, HttpError> {
-    Digest::parse(text).map_err(|error| {
-        HttpError::new(
-            ErrorCode::InvalidDigest,
-            format!("{error}; use the digest POST /api/v1/artifacts returned"),
-        )
-    })
-}
-
 /// Serves a module's bytes (agents fetch modules here), or the code compiled
 /// from one for nodes without a compiler.
 #[utoipa::path(
@@ -255,7 +246,7 @@ pub(crate) async fn get_artifact(
     State(shared): State<Arc<Shared>>,
     Path(digest): Path<String>,
 ) -> Result<Response, HttpError> {
-    let digest = parse_digest(&digest)?;
+    let digest = crate::service::parse_digest(&digest)?;
     match shared.store.artifact(&digest).await? {
         Some(bytes) => {
             let media_type = if bytes.starts_with(b"\0asm") {

@@ -8,18 +8,15 @@ use axum::extract::rejection::JsonRejection;
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
 use axum::Json;
-use starling_api::{
-    batch_item_message, ApiError, BatchSubmitted, ErrorCode, SubmitBatch, TaskStatus, TaskSummary,
-    MAX_BATCH_TASKS,
-};
+use starling_api::{ApiError, BatchSubmitted, SubmitBatch};
 
-use super::tasks::{prepare_task, store_submitted, KnownArtifacts};
+use crate::http::auth::caller_key;
 use crate::http::error::HttpError;
 use crate::http::json_body;
-use crate::store::NewTask;
+use crate::http::views::created_summary;
 use crate::Shared;
 
-/// The largest body of a batch: room for [`MAX_BATCH_TASKS`] tasks with
+/// The largest body of a batch: room for [`starling_api::MAX_BATCH_TASKS`] tasks with
 /// small inline inputs (about 8 KiB each), four times the single submit's
 /// limit. A batch of large inputs has to be split into smaller batches.
 pub(crate) const MAX_BATCH_BODY_BYTES: usize = 8 * 1024 * 1024;
@@ -52,50 +49,14 @@ pub(crate) async fn submit_batch(
     body: Result<Json<SubmitBatch>, JsonRejection>,
 ) -> Result<(StatusCode, Json<BatchSubmitted>), HttpError> {
     let batch = json_body(body, "SubmitBatch")?;
-    if batch.tasks.is_empty() {
-        return Err(HttpError::new(
-            ErrorCode::EmptyBatch,
-            "the batch has no tasks; give at least one in \"tasks\"",
-        ));
-    }
-    if batch.tasks.len() > MAX_BATCH_TASKS {
-        return Err(HttpError::new(
-            ErrorCode::BatchTooLarge,
-            format!(
-                "the batch has {} tasks; one request takes at most {MAX_BATCH_TASKS}: split it",
-                batch.tasks.len()
-            ),
-        ));
-    }
-    let mut known = KnownArtifacts::default();
-    let mut tasks = Vec::with_capacity(batch.tasks.len());
-    for (index, submission) in batch.tasks.into_iter().enumerate() {
-        let task = prepare_task(&shared, submission, &mut known)
-            .await
-            .map_err(|error| error.map_message(|message| batch_item_message(index, message)))?;
-        tasks.push(task);
-    }
-    store_submitted(&shared, &headers, &tasks).await?;
+    let tasks = shared
+        .tasks()
+        .submit_batch(&caller_key(&headers), batch.tasks)
+        .await?;
     Ok((
         StatusCode::CREATED,
         Json(BatchSubmitted {
             tasks: tasks.iter().map(created_summary).collect(),
         }),
     ))
-}
-
-/// A task just stored, as the task list shows it.
-fn created_summary(task: &NewTask) -> TaskSummary {
-    TaskSummary {
-        id: task.id.clone(),
-        state: TaskStatus::Pending,
-        artifact: task.artifact.to_hex(),
-        node_id: None,
-        attempt: 0,
-        priority: task.priority,
-        created_ms: task.created_ms,
-        updated_ms: task.created_ms,
-        reason: None,
-        site: None,
-    }
 }

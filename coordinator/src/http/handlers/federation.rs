@@ -15,15 +15,14 @@ use sha2::{Digest as _, Sha256};
 use starling_proto::{Digest, Runtime};
 
 use starling_api::{
-    ApiError, ErrorCode, ForwardAccepted, ForwardRequest, ForwardStatus, SiteEntry, SiteList,
-    SubmitTask,
+    ApiError, ErrorCode, ForwardAccepted, ForwardRequest, ForwardStatus, SiteList, SubmitTask,
 };
 
 use super::artifacts::verified_publisher;
-use super::tasks::{check_submission, prepare_task, KnownArtifacts};
 use crate::federation::Federation;
 use crate::http::error::HttpError;
 use crate::http::peer::PeerSite;
+use crate::service::tasks::{check_submission, KnownArtifacts};
 use crate::store::{CancelOutcome, TaskRecord};
 use crate::task::unix_now_ms;
 use crate::Shared;
@@ -45,19 +44,9 @@ pub(crate) fn federation(shared: &Shared) -> Result<&Arc<Federation>, HttpError>
     responses((status = 200, description = "The federation", body = SiteList))
 )]
 pub(crate) async fn list_sites(State(shared): State<Arc<Shared>>) -> Json<SiteList> {
-    let Some(federation) = shared.federation.as_ref() else {
-        return Json(SiteList {
-            federated: false,
-            site: None,
-            sites: Vec::new(),
-        });
-    };
-    let entries: Vec<SiteEntry> = federation.gossip.table().entries(Instant::now());
-    Json(SiteList {
-        federated: true,
-        site: Some(federation.site.to_string()),
-        sites: entries,
-    })
+    Json(crate::service::sites::site_list(
+        shared.federation.as_deref(),
+    ))
 }
 
 /// Takes a task another site forwards; idempotent on (origin site, origin task).
@@ -140,7 +129,10 @@ pub(crate) async fn accept_forward(
     if shared.store.artifact_info(&artifact).await?.is_none() {
         fetch_artifact(&shared, federation, &request.origin_site, &artifact).await?;
     }
-    let mut task = prepare_task(&shared, submission, &mut KnownArtifacts::default()).await?;
+    let mut task = shared
+        .tasks()
+        .prepare(submission, &mut KnownArtifacts::default())
+        .await?;
     if task.runtime != runtime {
         return Err(bad(format!(
             "the forward says runtime {}, but artifact {artifact} is a {} artifact",

@@ -11,8 +11,8 @@ use axum::response::{IntoResponse, Response};
 use starling_api::{ApiError, TaskStatus};
 
 use crate::access;
+use crate::counters::DecisionTimesSnapshot;
 use crate::http::error::HttpError;
-use crate::loops::scheduler::DecisionTimesSnapshot;
 use crate::Shared;
 
 /// Every metric `/metrics` exports (a histogram by its base name), the
@@ -335,7 +335,7 @@ pub(crate) async fn metrics(State(shared): State<Arc<Shared>>) -> Result<Respons
             String::new(),
             shared
                 .mosquitto
-                .as_ref()
+                .as_deref()
                 .map_or(0, access::MosquittoWriter::rewrites),
         )],
     );

@@ -8,15 +8,12 @@ use std::sync::Arc;
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Redirect, Response};
-use axum::{Extension, Json};
+use axum::Extension;
 use maud::{html, Markup};
 use starling_api::{CreateApiToken, CreateJoinToken, Role};
 
 use super::super::gate::FormFields;
 use super::super::layout::{page, respond, utc, Caller, ConsoleError, Section};
-use crate::http::handlers::access::{
-    create_api_token, create_join_token, list_api_tokens, revoke_api_token,
-};
 use crate::Shared;
 
 /// What the page shows once above its forms: a secret just made.
@@ -40,9 +37,14 @@ async fn access_page(
     created: Created,
 ) -> Result<Response, ConsoleError> {
     let tokens = if caller.may(Role::Admin) {
-        match list_api_tokens(State(shared.clone())).await {
-            Ok(Json(list)) => Some(list.tokens),
-            Err(error) => return Err(ConsoleError::from_http(error).await),
+        match shared.access().api_tokens().await {
+            Ok(tokens) => Some(
+                tokens
+                    .into_iter()
+                    .map(starling_api::ApiTokenRecord::from)
+                    .collect::<Vec<_>>(),
+            ),
+            Err(error) => return Err(ConsoleError::from_http(error.into()).await),
         }
     } else {
         None
@@ -159,9 +161,13 @@ pub(crate) async fn new_join_token(
         ttl_seconds: number(&form, "ttl_seconds")?,
         uses: number(&form, "uses")?,
     };
-    let created = match create_join_token(State(shared.clone()), Ok(Json(request))).await {
-        Ok((_, Json(created))) => created,
-        Err(error) => return Err(ConsoleError::from_http(error).await),
+    let created = match shared
+        .access()
+        .create_join_token(request.ttl_seconds, request.uses)
+        .await
+    {
+        Ok(created) => created,
+        Err(error) => return Err(ConsoleError::from_http(error.into()).await),
     };
     let created = Created::JoinToken {
         token: created.token,
@@ -186,9 +192,13 @@ pub(crate) async fn new_api_token(
         name: form.get("name").unwrap_or("").to_owned(),
         role,
     };
-    let created = match create_api_token(State(shared.clone()), Ok(Json(request))).await {
-        Ok((_, Json(created))) => created,
-        Err(error) => return Err(ConsoleError::from_http(error).await),
+    let created = match shared
+        .access()
+        .create_api_token(&request.name, request.role)
+        .await
+    {
+        Ok(created) => created,
+        Err(error) => return Err(ConsoleError::from_http(error.into()).await),
     };
     let created = Created::ApiToken {
         token: created.token,
@@ -204,8 +214,8 @@ pub(crate) async fn revoke_token(
     State(shared): State<Arc<Shared>>,
     Path(id): Path<String>,
 ) -> Result<Response, ConsoleError> {
-    match revoke_api_token(State(shared.clone()), Path(id)).await {
-        Ok(_) => Ok(Redirect::to("/access").into_response()),
-        Err(error) => Err(ConsoleError::from_http(error).await),
+    match shared.access().revoke_api_token(&id).await {
+        Ok(()) => Ok(Redirect::to("/access").into_response()),
+        Err(error) => Err(ConsoleError::from_http(error.into()).await),
     }
 }

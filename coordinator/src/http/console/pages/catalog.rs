@@ -7,12 +7,11 @@ use std::sync::Arc;
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::Response;
-use axum::{Extension, Json};
+use axum::Extension;
 use maud::html;
 
 use super::super::fragments::segment;
 use super::super::layout::{bytes, page, respond, Caller, ConsoleError, Section};
-use crate::http::handlers::federation::list_sites;
 use crate::Shared;
 
 /// Artifacts listed, newest first.
@@ -73,7 +72,7 @@ pub(crate) async fn sites(
     State(shared): State<Arc<Shared>>,
     Extension(caller): Extension<Caller>,
 ) -> Result<Response, ConsoleError> {
-    let Json(list) = list_sites(State(shared.clone())).await;
+    let list = crate::service::sites::site_list(shared.federation.as_deref());
     let forwards = if list.federated {
         shared.store.open_forwards(FORWARDS_SHOWN).await?
     } else {

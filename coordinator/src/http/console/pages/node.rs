@@ -7,7 +7,7 @@ use std::sync::Arc;
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Redirect, Response};
-use axum::{Extension, Json};
+use axum::Extension;
 use maud::{html, Markup};
 use starling_api::Role;
 use starling_proto::NodeId;
@@ -18,7 +18,6 @@ use super::super::fragments::{
 use super::super::layout::{ago, bytes, percent, respond, utc, Caller, ConsoleError, Section};
 use super::super::svg::plot;
 use super::tasks::recent_tasks;
-use crate::http::handlers::access::revoke_node;
 use crate::registry::NodeEntry;
 use crate::task::unix_now_ms;
 use crate::Shared;
@@ -26,12 +25,12 @@ use crate::Shared;
 /// Tasks listed on a node's page.
 const RECENT_TASKS: usize = 20;
 
-/// Revokes one node through the REST API's own revoke (credentials, broker
-/// files, registry, requeue of its tasks), so both do exactly the same.
+/// Revokes one node through the use case the REST API calls (credentials,
+/// broker files, registry, requeue of its tasks), so both do exactly the same.
 pub(crate) async fn revoke_one(shared: &Arc<Shared>, node_id: &str) -> Result<(), ConsoleError> {
-    match revoke_node(State(shared.clone()), Path(node_id.to_owned())).await {
-        Ok(Json(_)) => Ok(()),
-        Err(error) => Err(ConsoleError::from_http(error).await),
+    match shared.access().revoke_node(node_id).await {
+        Ok(_) => Ok(()),
+        Err(error) => Err(ConsoleError::from_http(error.into()).await),
     }
 }
 

@@ -17,7 +17,6 @@ use starling_api::TaskDetail;
 use super::super::explain::explanation;
 use super::super::fragments::segment;
 use super::super::layout::{bytes, page, respond, task_badge, utc, Caller, ConsoleError, Section};
-use crate::http::handlers::tasks::task_detail;
 use crate::Shared;
 
 /// Bytes of binary output shown as hex (the download has all of it).
@@ -25,9 +24,9 @@ const HEX_SHOWN: usize = 4096;
 
 /// A task's detail as the REST API reads it, or the console's refusal.
 pub(crate) async fn read_task(shared: &Shared, id: &str) -> Result<TaskDetail, ConsoleError> {
-    match task_detail(shared, id).await {
-        Ok(detail) => Ok(detail),
-        Err(error) => Err(ConsoleError::from_http(error).await),
+    match shared.tasks().detail(id).await {
+        Ok(history) => Ok(history.into()),
+        Err(error) => Err(ConsoleError::from_http(error.into()).await),
     }
 }
 

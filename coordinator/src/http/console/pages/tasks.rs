@@ -14,7 +14,7 @@ use starling_api::{TaskStatus, TaskSummary};
 
 use super::super::fragments::task_row;
 use super::super::layout::{page, respond, Caller, ConsoleError, Section};
-use crate::http::handlers::tasks::task_summary;
+use crate::http::views::task_summary;
 use crate::http::MAX_LIST_LIMIT;
 use crate::task::unix_now_ms;
 use crate::Shared;
