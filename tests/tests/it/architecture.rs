@@ -137,16 +137,7 @@ fn blank_literals(text: &str) -> String {
                 }
             }
             '"' => {
-                let mut escaped = false;
-                for next in chars.by_ref() {
-                    if escaped {
-                        escaped = false;
-                    } else if next == '\\' {
-                        escaped = true;
-                    } else if next == '"' {
-                        break;
-                    }
-                }
+                skip_quoted(&mut chars, '"');
                 code.push_str("\"\"");
             }
             '\'' => {
@@ -158,16 +149,7 @@ fn blank_literals(text: &str) -> String {
                     None => false,
                 };
                 if literal {
-                    let mut escaped = false;
-                    for next in chars.by_ref() {
-                        if escaped {
-                            escaped = false;
-                        } else if next == '\\' {
-                            escaped = true;
-                        } else if next == '\'' {
-                            break;
-                        }
-                    }
+                    skip_quoted(&mut chars, '\'');
                     code.push_str("' '");
                 } else {
                     code.push(c);
@@ -177,6 +159,20 @@ fn blank_literals(text: &str) -> String {
         }
     }
     code
+}
+
+/// Skips the rest of a literal opened by `quote`, escapes included.
+fn skip_quoted(chars: &mut impl Iterator<Item = char>, quote: char) {
+    let mut escaped = false;
+    for next in chars {
+        if escaped {
+            escaped = false;
+        } else if next == '\\' {
+            escaped = true;
+        } else if next == quote {
+            break;
+        }
+    }
 }
 
 /// The paths a file names below `crate::` (grouped imports expanded one
