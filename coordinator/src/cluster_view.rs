@@ -295,6 +295,37 @@ mod tests {
         }
     }
 
+    /// The view offers work only to nodes the silence rule finds heard, as
+    /// failure detection judges them: a node last heard past the timeout is
+    /// offered nothing, unless ingest is that far behind (its report may be
+    /// waiting in the queue).
+    #[test]
+    fn the_view_judges_silence_as_failure_detection_does_ingest_lag_included() {
+        use crate::registry::tests::{capability, status};
+        use starling_proto::NodeState;
+        let mut registry = Registry::new();
+        let id = NodeId::new("quiet").unwrap();
+        registry
+            .apply_capability(&id, capability("quiet"), 1_000)
+            .unwrap();
+        registry
+            .apply_status(&id, status("quiet", NodeState::Online), 1_000)
+            .unwrap();
+        let offered = |now_ms, ingest_lag_ms| {
+            let silence = Silence {
+                now_ms,
+                timeout_ms: 5_000,
+                ingest_lag_ms,
+                listening_since_ms: 0,
+            };
+            cluster_view(&registry, &silence, |_| true).0.nodes[0].online
+        };
+        assert!(offered(5_999, 0));
+        assert!(!offered(6_000, 0), "silent for the node timeout");
+        assert!(offered(6_000, 2_000), "ingest 2 s behind: not silence");
+        assert!(!offered(8_000, 2_000));
+    }
+
     #[test]
     fn nodes_that_leave_assignments_unanswered_get_no_more_this_round() {
         let view = ClusterView {

@@ -408,7 +408,7 @@ pub(crate) mod tests {
         }
     }
 
-    fn status(id: &str, state: NodeState) -> Status {
+    pub(crate) fn status(id: &str, state: NodeState) -> Status {
         Status {
             v: PROTOCOL_VERSION,
             node_id: NodeId::new(id).unwrap(),
