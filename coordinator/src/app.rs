@@ -107,6 +107,40 @@ impl Shared {
         }
     }
 
+    /// The artifact use cases (REST handlers, console pages, the peers').
+    pub(crate) fn artifacts(&self) -> crate::service::artifacts::Artifacts {
+        crate::service::artifacts::Artifacts {
+            store: self.store.clone(),
+            quota_bytes: self.artifact_quota_bytes,
+        }
+    }
+
+    /// What peer sites ask of this one; refused where it does not federate.
+    pub(crate) fn peers(
+        &self,
+    ) -> Result<crate::service::peers::Peers, crate::service::ServiceError> {
+        let federation = self
+            .federation
+            .clone()
+            .ok_or_else(crate::service::peers::not_federated)?;
+        Ok(crate::service::peers::Peers {
+            federation,
+            store: self.store.clone(),
+            tasks: self.tasks(),
+            artifacts: self.artifacts(),
+            max_artifact_bytes: self.max_artifact_bytes,
+        })
+    }
+
+    /// The coordinator's own state (health, metrics).
+    pub(crate) fn status(&self) -> crate::service::status::Status {
+        crate::service::status::Status {
+            store: self.store.clone(),
+            registry: self.registry.clone(),
+            policy_name: self.policy_name.clone(),
+        }
+    }
+
     /// Where cluster snapshots are read from (scheduler, site digest).
     pub(crate) fn view_source(&self) -> crate::cluster_view::ViewSource {
         crate::cluster_view::ViewSource {
@@ -274,7 +308,7 @@ fn placement_policy(
     let mut models = Vec::new();
     if let Some(path) = &config.model {
         let model = models::read(path)?;
-        let wanted = starling_placement::policy::model_kind(&config.policy);
+        let wanted = starling_placement::catalog::model_kind(&config.policy);
         if wanted != Some(model.policy) {
             return Err(StartError::ModelPolicy {
                 path: path.clone(),
@@ -284,7 +318,7 @@ fn placement_policy(
         }
         models.push(model);
     }
-    starling_placement::policy::policy_with_tuning(
+    starling_placement::catalog::policy_with_tuning(
         &config.policy,
         config.placement_seed,
         &starling_placement::policy::HeuristicTuning::default(),

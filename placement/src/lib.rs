@@ -13,6 +13,7 @@
 //! multi-site mode ([`sim::run_sites`]) runs the same code.
 
 pub mod capable;
+pub mod catalog;
 pub mod estimate;
 pub mod federation;
 pub mod learned;
@@ -22,6 +23,7 @@ pub mod sample;
 pub mod sim;
 pub mod testing;
 
+pub use catalog::{policy_by_name, PolicyError, UnknownPolicy, POLICY_NAMES};
 pub use federation::{
     commit, remote_finish_ms, route, route_with_artifact, site_capacity, work_class, DigestError,
     InterSiteLink, RemoteSite, Route, SiteCapacity,
@@ -30,7 +32,4 @@ pub use model::{
     ClusterView, Constraints, Demand, DeviceKinds, GpuCapacity, NodeLoad, NodeView, PendingTask,
     QueueState, TaskClass, REFERENCE_CORE_GFLOPS,
 };
-pub use policy::{
-    policy_by_name, Alternative, Decision, Explanation, FilterCount, Outcome, Policy, PolicyError,
-    UnknownPolicy, POLICY_NAMES,
-};
+pub use policy::{Alternative, Decision, Explanation, FilterCount, Outcome, Policy};

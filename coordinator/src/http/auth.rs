@@ -97,12 +97,7 @@ pub(crate) async fn role_of_token_hash(
     ) {
         return Ok(Some(Role::Admin));
     }
-    Ok(shared
-        .store
-        .api_token_by_hash(given_hash)
-        .await?
-        .filter(|(_, stored)| access::constant_time_eq(stored.as_bytes(), given_hash.as_bytes()))
-        .map(|(record, _)| record.role))
+    Ok(shared.access().role_of_token_hash(given_hash).await?)
 }
 
 /// The session id a request's `Cookie` header carries, if any.

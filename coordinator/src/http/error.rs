@@ -47,6 +47,11 @@ impl HttpError {
     pub fn code(&self) -> ErrorCode {
         self.body.error
     }
+
+    /// Its status and body, for a page that shows them its own way.
+    pub(crate) fn into_parts(self) -> (StatusCode, ApiError) {
+        (self.status, self.body)
+    }
 }
 
 impl IntoResponse for HttpError {

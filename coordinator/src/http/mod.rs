@@ -34,7 +34,6 @@ use handlers::{
 };
 use openapi::openapi_document;
 
-pub use handlers::artifacts::{validate_artifact, validate_wasm};
 pub use openapi::{openapi_json, ApiDoc};
 
 /// Default number of tasks a list returns.

@@ -3,7 +3,7 @@
 //! meet, so a column can change without changing the API (and the reverse).
 
 use base64::Engine as _;
-use starling_api::{TaskDetail, TaskStatus, TaskSummary};
+use starling_api::{ForwardStatus, TaskDetail, TaskStatus, TaskSummary};
 
 use crate::service::tasks::TaskHistory;
 use crate::store::access::ApiTokenRecord;
@@ -130,5 +130,20 @@ impl From<TaskHistory> for TaskDetail {
             attempts: attempts.into_iter().map(Into::into).collect(),
             events: events.into_iter().map(Into::into).collect(),
         }
+    }
+}
+
+/// A task forwarded here as its home site reads it.
+pub(crate) fn forward_status_view(record: TaskRecord) -> ForwardStatus {
+    ForwardStatus {
+        task_id: record.spec.id,
+        state: record.status,
+        node_id: record.node_id,
+        output_base64: record
+            .output
+            .map(|bytes| base64::engine::general_purpose::STANDARD.encode(bytes)),
+        exit_code: record.exit_code,
+        reason: record.failure_reason,
+        message: record.failure_message,
     }
 }

@@ -183,8 +183,8 @@ impl Round {
 #[cfg(test)]
 #[allow(clippy::unwrap_used, clippy::expect_used)]
 mod tests {
+    use starling_placement::catalog::policy_by_name;
     use starling_placement::federation::{site_capacity, InterSiteLink};
-    use starling_placement::policy::policy_by_name;
     use starling_placement::testing::node;
     use starling_placement::ClusterView;
     use starling_proto::{ClassCapacity, SiteId, WorkClass};

@@ -15,7 +15,7 @@ use crate::access::{self, AccessError, MosquittoWriter, MqttAccess};
 use crate::domain::reports::ReportMarks;
 use crate::live::Feed;
 use crate::registry::NodeRegistry;
-use crate::store::access::{ApiTokenRecord, EnrollOutcome};
+use crate::store::access::{ApiTokenRecord, EnrollOutcome, NodeCredentialRow};
 use crate::store::{Store, StoreError};
 use crate::task::unix_now_ms;
 
@@ -57,6 +57,34 @@ pub(crate) struct Access {
 }
 
 impl Access {
+    /// The credentials stored for `node`: when it enrolled, its report
+    /// key, whether and when it was revoked.
+    pub(crate) async fn credentials_of(
+        &self,
+        node: &str,
+    ) -> Result<Option<NodeCredentialRow>, ServiceError> {
+        Ok(self
+            .store
+            .node_credentials()
+            .await?
+            .into_iter()
+            .find(|row| row.node_id == node))
+    }
+
+    /// The role of the API token whose sha256 (hex) is `hash`, if it is a
+    /// live token; compared in constant time.
+    pub(crate) async fn role_of_token_hash(
+        &self,
+        hash: &str,
+    ) -> Result<Option<Role>, ServiceError> {
+        Ok(self
+            .store
+            .api_token_by_hash(hash)
+            .await?
+            .filter(|(_, stored)| access::constant_time_eq(stored.as_bytes(), hash.as_bytes()))
+            .map(|(record, _)| record.role))
+    }
+
     /// Enrolls a node with a join token: its MQTT credentials (the password
     /// shown once) and the coordinator's key to pin.
     pub(crate) async fn enroll(

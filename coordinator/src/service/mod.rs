@@ -1,10 +1,13 @@
 //! The use cases the REST API and the console share, each behind a narrow
 //! handle built in `app.rs` (`tasks`: submit, batch, read, list, cancel;
-//! `access`: enroll, mint, revoke nodes, join and API tokens; `sites`: the
-//! federation as this site sees it).
+//! `access`: enroll, mint, revoke nodes, join and API tokens, credentials;
+//! `artifacts`: upload within a quota, sign, serve, the catalog; `peers`:
+//! what other sites ask of this one, forwards and revocations; `sites`: the
+//! federation as this site sees it; `status`: health, leadership, counts).
 //! A handler or a console page parses its request, calls one of them and
 //! converts the answer (`http::views`, `http::error`); neither calls the
-//! other, and the rules live here, not in either.
+//! other, and the rules live here, not in either; nor do they call the
+//! store (an architecture test names the modules that may).
 
 use starling_api::ErrorCode;
 use starling_proto::Digest;
@@ -13,7 +16,10 @@ use crate::mqtt::publish::PublishError;
 use crate::store::StoreError;
 
 pub(crate) mod access;
+pub(crate) mod artifacts;
+pub(crate) mod peers;
 pub(crate) mod sites;
+pub(crate) mod status;
 pub(crate) mod tasks;
 
 /// Why a use case did not do what it was asked.

@@ -163,6 +163,11 @@ impl Tasks {
         })
     }
 
+    /// One task as stored, if there is one.
+    pub(crate) async fn record(&self, id: &str) -> Result<Option<TaskRecord>, ServiceError> {
+        Ok(self.store.task(id).await?)
+    }
+
     /// Tasks, newest first, optionally only those in one state.
     pub(crate) async fn list(
         &self,

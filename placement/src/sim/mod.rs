@@ -19,8 +19,8 @@ mod workload;
 
 use serde::{Deserialize, Serialize};
 
+use crate::catalog::PolicyError;
 use crate::learned::ModelFile;
-use crate::policy::PolicyError;
 
 pub use crate::sample::normal;
 pub use report::{LoadReport, PolicyRow, SimReport};
@@ -124,7 +124,7 @@ pub struct SimConfig {
     pub repair_s: f64,
     /// Load levels, each a separate run.
     pub loads: Vec<LoadLevel>,
-    /// Policy names (see [`crate::policy::POLICY_NAMES`]).
+    /// Policy names (see [`crate::catalog::POLICY_NAMES`]).
     pub policies: Vec<String>,
     /// Milliseconds between placement rounds while tasks are pending.
     pub round_ms: u64,
@@ -161,7 +161,7 @@ impl Default for SimConfig {
             failure_rate_per_hour: 2.0,
             repair_s: 60.0,
             loads: vec![LoadLevel::low(), LoadLevel::medium(), LoadLevel::high()],
-            policies: crate::policy::POLICY_NAMES
+            policies: crate::catalog::POLICY_NAMES
                 .iter()
                 .map(|name| (*name).to_owned())
                 .collect(),
@@ -322,7 +322,7 @@ pub fn run(
     // Check every name before the first (long) run.
     let scenario = workload::scenario_of(config)?;
     for name in &config.policies {
-        crate::policy::for_scenario(
+        crate::catalog::for_scenario(
             name,
             config.seed,
             &config.heuristic,
@@ -337,7 +337,7 @@ pub fn run(
         let environment = workload::Environment::generate(config, load_index, load)?;
         let mut rows = Vec::with_capacity(config.policies.len());
         for name in &config.policies {
-            let mut policy = crate::policy::for_scenario(
+            let mut policy = crate::catalog::for_scenario(
                 name,
                 config.seed,
                 &config.heuristic,

@@ -7,8 +7,9 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use serde::{Deserialize, Serialize};
 
+use crate::catalog::policy_with_tuning;
 use crate::model::{ClusterView, PendingTask};
-use crate::policy::{policy_with_tuning, HeuristicTuning, Outcome};
+use crate::policy::{HeuristicTuning, Outcome};
 use crate::sim::profiles::standard_profiles;
 use crate::sim::workload::Environment;
 use crate::sim::{LoadLevel, SimConfig, SimError, SimProgress, Stopwatch};
@@ -35,7 +36,7 @@ impl Default for ScaleConfig {
             node_counts: vec![100, 1_000, 10_000],
             pending: 1_000,
             seed: 42,
-            policies: crate::policy::POLICY_NAMES
+            policies: crate::catalog::POLICY_NAMES
                 .iter()
                 .map(|name| (*name).to_owned())
                 .collect(),

@@ -6,9 +6,10 @@
 use std::collections::HashMap;
 
 use proptest::prelude::*;
+use starling_placement::catalog::{policy_by_name, POLICY_NAMES};
 use starling_placement::estimate;
 use starling_placement::model::{DeviceKinds, PowerLevelModel};
-use starling_placement::policy::{policy_by_name, Outcome, POLICY_NAMES};
+use starling_placement::policy::Outcome;
 use starling_placement::sim::{self, FakeStopwatch, LoadLevel, SimConfig};
 use starling_placement::testing::{gpu_capacity, node, task};
 use starling_placement::{ClusterView, NodeView, PendingTask, TaskClass};

@@ -213,6 +213,18 @@ impl From<crate::store::StoreError> for ConsoleError {
     }
 }
 
+impl From<crate::service::ServiceError> for ConsoleError {
+    fn from(error: crate::service::ServiceError) -> Self {
+        match error {
+            crate::service::ServiceError::Store(error) => error.into(),
+            other => {
+                let (status, body) = HttpError::from(other).into_parts();
+                ConsoleError::Api(status, body)
+            }
+        }
+    }
+}
+
 impl IntoResponse for ConsoleError {
     fn into_response(self) -> Response {
         let status = self.status();

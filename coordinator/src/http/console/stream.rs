@@ -210,6 +210,7 @@ impl Stream {
                 };
                 if shown.contains(id) {
                     let shared = &self.shared;
+                    let tasks = shared.tasks();
                     let record = shared
                         .console
                         .reads
@@ -218,7 +219,7 @@ impl Stream {
                             &id.to_owned(),
                             self.seen,
                             || shared.feed.latest_seq(),
-                            || shared.store.task(id),
+                            || tasks.record(id),
                         )
                         .await?;
                     if let Some(record) = &*record {

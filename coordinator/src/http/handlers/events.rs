@@ -175,7 +175,7 @@ pub(crate) async fn wait_for_end(shared: &Shared, id: &str, wait: Duration) {
     };
     let mut subscription = shared.feed.subscribe(filter, None);
     // Subscribed before this read, so an end recorded in between is seen.
-    match shared.store.task(id).await {
+    match shared.tasks().record(id).await {
         Ok(Some(task)) if !task.status.is_terminal() => {}
         _ => return,
     }

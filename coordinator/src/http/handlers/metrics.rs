@@ -78,7 +78,9 @@ const NODE_STATES: [&str; 4] = ["online", "suspect", "offline", "revoked"];
 pub(crate) async fn metrics(State(shared): State<Arc<Shared>>) -> Result<Response, HttpError> {
     use std::fmt::Write as _;
     use std::sync::atomic::Ordering::Relaxed;
-    let counts = shared.store.task_counts().await?;
+    let status = shared.status();
+    let counts = status.task_counts().await?;
+    let leadership = status.leadership();
     // Revoked first (a revoked node is also offline), then what the node
     // said, and suspect where liveness marked it offline for its silence.
     let mut node_states = [0_u64; NODE_STATES.len()];
@@ -180,13 +182,13 @@ pub(crate) async fn metrics(State(shared): State<Arc<Shared>>) -> Result<Respons
         "starling_leader",
         "gauge",
         "1 while this coordinator schedules for its site (always for a single coordinator; for replicas on PostgreSQL, while it holds the site's lease), else 0.",
-        &[(String::new(), u64::from(shared.store.leads()))],
+        &[(String::new(), u64::from(leadership.leads))],
     );
     metric(
         "starling_leader_term",
         "gauge",
         "The term this replica leads under (the lease's epoch; 0 when it does not lead or has no replicas).",
-        &[(String::new(), shared.store.leader_term().unwrap_or(0))],
+        &[(String::new(), leadership.term.unwrap_or(0))],
     );
     metric(
         "starling_mqtt_messages_handled_total",

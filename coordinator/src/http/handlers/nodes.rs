@@ -21,29 +21,7 @@ use crate::Shared;
     )
 )]
 pub(crate) async fn health(State(shared): State<Arc<Shared>>) -> Result<Json<Health>, HttpError> {
-    shared.store.ping().await.map_err(|error| {
-        HttpError::new(
-            ErrorCode::DatabaseUnavailable,
-            format!("the database does not answer: {error}"),
-        )
-    })?;
-    let (nodes, nodes_online) = {
-        let registry = shared.registry();
-        (
-            registry.len(),
-            registry.nodes().filter(|node| node.online()).count(),
-        )
-    };
-    Ok(Json(Health {
-        status: "ok".to_string(),
-        version: env!("CARGO_PKG_VERSION").to_string(),
-        database: shared.store.backend_name().to_string(),
-        policy: shared.policy_name.clone(),
-        nodes,
-        nodes_online,
-        leader: shared.store.leads(),
-        leader_term: shared.store.leader_term(),
-    }))
+    Ok(Json(shared.status().health().await?))
 }
 
 pub(crate) fn node_summary(entry: &NodeEntry) -> NodeSummary {

@@ -9,13 +9,10 @@ use std::sync::Arc;
 use axum::extract::rejection::JsonRejection;
 use axum::extract::State;
 use axum::Json;
-use starling_api::{ApiError, ErrorCode, RevocationAccepted, SiteRevocation};
+use starling_api::{ApiError, RevocationAccepted, SiteRevocation};
 
-use super::federation::federation;
-use crate::federation::identity::verify_revocation;
 use crate::http::error::HttpError;
 use crate::http::json_body;
-use crate::task::unix_now_ms;
 use crate::Shared;
 
 /// Revokes a site: its certificates issued until the revocation's time are
@@ -37,26 +34,7 @@ pub(crate) async fn accept_revocation(
     State(shared): State<Arc<Shared>>,
     body: Result<Json<SiteRevocation>, JsonRejection>,
 ) -> Result<Json<RevocationAccepted>, HttpError> {
-    let federation = federation(&shared)?;
+    let peers = shared.peers()?;
     let revocation = json_body(body, "SiteRevocation")?;
-    verify_revocation(&revocation, federation.trust.root())
-        .map_err(|error| HttpError::new(ErrorCode::InvalidRevocation, error.to_string()))?;
-    // Stored before it takes effect in memory: an answer of success means
-    // a restart keeps it.
-    shared
-        .store
-        .put_site_revocation(&revocation, unix_now_ms())
-        .await?;
-    let new = federation
-        .trust
-        .revoke(&revocation)
-        .map_err(|error| HttpError::new(ErrorCode::InvalidRevocation, error.to_string()))?;
-    if new {
-        tracing::warn!(site = %revocation.site, revoked_ms = revocation.revoked_ms, "site revoked by the trust root; passing it on to peers");
-        federation.wake_revocations.notify_one();
-    }
-    Ok(Json(RevocationAccepted {
-        site: revocation.site,
-        new,
-    }))
+    Ok(Json(peers.revoke_site(revocation).await?))
 }

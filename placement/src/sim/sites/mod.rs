@@ -13,8 +13,8 @@ pub(crate) mod report;
 
 use serde::{Deserialize, Serialize};
 
+use crate::catalog::policy_with_tuning;
 use crate::federation::InterSiteLink;
-use crate::policy::policy_with_tuning;
 use crate::sim::engine::{self, Layout};
 use crate::sim::workload::Environment;
 use crate::sim::{LoadLevel, SimConfig, SimError, SimProgress, Stopwatch};
@@ -339,7 +339,7 @@ mod tests {
             "sites' tasks joined"
         );
         let mut policies: Vec<_> = (0..config.sites)
-            .map(|_| crate::policy::policy_by_name("heuristic", 1).unwrap())
+            .map(|_| crate::catalog::policy_by_name("heuristic", 1).unwrap())
             .collect();
         let mut handles: Vec<&mut dyn crate::policy::Policy> =
             policies.iter_mut().map(policy_handle).collect();

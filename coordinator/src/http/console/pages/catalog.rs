@@ -25,27 +25,19 @@ pub(crate) async fn artifacts(
     State(shared): State<Arc<Shared>>,
     Extension(caller): Extension<Caller>,
 ) -> Result<Response, ConsoleError> {
-    let mut rows = Vec::new();
-    for hex in shared.store.recent_artifacts(ARTIFACTS_SHOWN).await? {
-        let Ok(digest) = hex.parse::<starling_proto::Digest>() else {
-            continue;
-        };
-        let info = shared.store.artifact_info(&digest).await?;
-        let publisher = shared.store.artifact_publisher(&digest).await?;
-        rows.push((hex, info, publisher));
-    }
+    let rows = shared.artifacts().catalog(ARTIFACTS_SHOWN).await?;
     let body = html! {
         h1 { "Artifacts " span.muted { (rows.len()) " shown, newest first" } }
         table #artifacts {
             thead { tr { th { "Digest (sha256)" } th { "Runtime" } th.num { "Size" } th { "Publisher signature" } } }
             tbody {
-                @for (hex, info, publisher) in &rows {
-                    tr id={ "a-" (hex) } {
-                        td.mono.wrap { (hex) }
-                        td { (info.map_or("?", |(_, runtime)| runtime.as_str())) }
-                        td.num { (info.map_or("?".to_owned(), |(size, _)| bytes(size))) }
+                @for row in &rows {
+                    tr id={ "a-" (row.digest) } {
+                        td.mono.wrap { (row.digest) }
+                        td { (row.info.map_or("?", |(_, runtime)| runtime.as_str())) }
+                        td.num { (row.info.map_or("?".to_owned(), |(size, _)| bytes(size))) }
                         td {
-                            @match publisher {
+                            @match &row.publisher {
                                 Some(signature) => {
                                     span.badge.online { "signed" } " by key "
                                     span.mono { (hex::encode(&signature.key)) }
@@ -73,10 +65,9 @@ pub(crate) async fn sites(
     Extension(caller): Extension<Caller>,
 ) -> Result<Response, ConsoleError> {
     let list = crate::service::sites::site_list(shared.federation.as_deref());
-    let forwards = if list.federated {
-        shared.store.open_forwards(FORWARDS_SHOWN).await?
-    } else {
-        Vec::new()
+    let forwards = match shared.peers() {
+        Ok(peers) => peers.open_forwards(FORWARDS_SHOWN).await?,
+        Err(_) => Vec::new(),
     };
     let body = html! {
         h1 { "Sites" }

@@ -173,12 +173,7 @@ pub(crate) async fn node(
 ) -> Result<Response, ConsoleError> {
     let now_ms = unix_now_ms();
     let (view, entry) = node_view(&shared, &id).ok_or_else(|| unknown(&id))?;
-    let credentials = shared
-        .store
-        .node_credentials()
-        .await?
-        .into_iter()
-        .find(|row| row.node_id == id);
+    let credentials = shared.access().credentials_of(&id).await?;
     let tasks = recent_tasks(&shared, |task| task.node_id.as_deref() == Some(id.as_str()))
         .await?
         .into_iter()

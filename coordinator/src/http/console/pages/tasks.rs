@@ -94,8 +94,8 @@ pub(crate) async fn recent_tasks(
     keep: impl Fn(&TaskSummary) -> bool,
 ) -> Result<Vec<TaskSummary>, ConsoleError> {
     Ok(shared
-        .store
-        .list_tasks(None, MAX_LIST_LIMIT)
+        .tasks()
+        .list(None, MAX_LIST_LIMIT)
         .await?
         .into_iter()
         .map(task_summary)
@@ -113,7 +113,8 @@ pub(crate) async fn task_page(
     let since_ms = query
         .minutes()?
         .map(|minutes| unix_now_ms().saturating_sub(minutes.saturating_mul(60_000)));
-    let read = || shared.store.list_tasks(status, MAX_LIST_LIMIT);
+    let tasks = shared.tasks();
+    let read = || tasks.list(status, MAX_LIST_LIMIT);
     let records = match shared_read {
         // A stream's, shared with the other streams of this list (`reads`).
         Some(at_least) => {
