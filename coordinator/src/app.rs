@@ -2,9 +2,9 @@
 //! REST listener, starts or reaches the broker, builds each part's narrow
 //! handle (ingest's, the scheduler's, the outbox's, failure detection's,
 //! the federation forwarder's, the publisher) and spawns them; [`Running`]
-//! is the handle of what runs. `Shared` is the REST router's state (its
-//! handlers reach many parts: the store, registry, publisher, access, the
-//! federation); everything else sees only its own handle.
+//! is the handle of what runs. [`Parts`] is everything the wiring built;
+//! each loop gets its own narrow handle from it, and the REST router its
+//! state (`http::Shared`: the use cases and what HTTP alone holds).
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -17,14 +17,14 @@ use crate::bind_error::describe_bind_error;
 use crate::config::CoordinatorConfig;
 use crate::counters::Counters;
 use crate::mqtt::broker;
-use crate::registry::{NodeRegistry, Registry};
+use crate::registry::NodeRegistry;
 use crate::start_error::StartError;
 use crate::store::Store;
 use crate::{access, domain, federation, http, loops, models, mqtt, signing, task};
 use starling_net::BrokerAddress;
 
-/// State shared by the ingest loop, the scheduler and the REST handlers.
-pub(crate) struct Shared {
+/// Everything the wiring built, from which each part gets its handle.
+pub(crate) struct Parts {
     pub(crate) store: Store,
     pub(crate) registry: Arc<NodeRegistry>,
     pub(crate) topics: starling_proto::Topics,
@@ -62,16 +62,33 @@ pub(crate) struct Shared {
     pub(crate) publisher: mqtt::publish::Publisher,
     /// The live events behind `GET /api/v1/events` and long polls.
     pub(crate) feed: crate::live::Feed,
-    /// The console's sessions and sparkline history.
-    pub(crate) console: http::console::Console,
-    /// The REST API's connection cap, and what it closed.
-    pub(crate) connections: http::connections::ConnectionLimit,
 }
 
-impl Shared {
-    /// Reads the registry (see [`NodeRegistry::read`]).
-    pub(crate) fn registry(&self) -> std::sync::RwLockReadGuard<'_, Registry> {
-        self.registry.read()
+impl Parts {
+    /// The REST router's state: the use cases, built once, and what HTTP
+    /// alone holds.
+    fn http_state(
+        &self,
+        console: http::console::Console,
+        connections: http::connections::ConnectionLimit,
+    ) -> http::Shared {
+        http::Shared {
+            tasks: self.tasks(),
+            access: self.access(),
+            artifacts: self.artifacts(),
+            peers: self.peers(),
+            status: self.status(),
+            registry: self.registry.clone(),
+            federation: self.federation.clone(),
+            mqtt_access: self.mqtt_access.clone(),
+            counters: self.counters.clone(),
+            feed: self.feed.clone(),
+            public_url: self.public_url.clone(),
+            api_token: self.api_token.clone(),
+            max_artifact_bytes: self.max_artifact_bytes,
+            console,
+            connections,
+        }
     }
 
     /// The coordinator's public key (ed25519, 64 hex): what agents pin.
@@ -115,16 +132,10 @@ impl Shared {
         }
     }
 
-    /// What peer sites ask of this one; refused where it does not federate.
-    pub(crate) fn peers(
-        &self,
-    ) -> Result<crate::service::peers::Peers, crate::service::ServiceError> {
-        let federation = self
-            .federation
-            .clone()
-            .ok_or_else(crate::service::peers::not_federated)?;
-        Ok(crate::service::peers::Peers {
-            federation,
+    /// What peer sites ask of this one, where it federates.
+    fn peers(&self) -> Option<crate::service::peers::Peers> {
+        Some(crate::service::peers::Peers {
+            federation: self.federation.clone()?,
             store: self.store.clone(),
             tasks: self.tasks(),
             artifacts: self.artifacts(),
@@ -178,7 +189,7 @@ pub struct Running {
     mqtt_url: String,
     public_url: String,
     own_broker: Option<broker::ManagedBroker>,
-    shared: Arc<Shared>,
+    parts: Arc<Parts>,
     stop: watch::Sender<bool>,
     tasks: Vec<JoinHandle<()>>,
 }
@@ -230,7 +241,7 @@ impl Running {
     /// The coordinator's public key (ed25519, 64 hex digits) that agents
     /// verify assignments with.
     pub fn coordinator_key(&self) -> String {
-        self.shared.coordinator_key()
+        self.parts.coordinator_key()
     }
 
     /// Mints MQTT credentials for `node_id`, whose reports are signed with
@@ -242,12 +253,12 @@ impl Running {
         node_id: &str,
         report_key: &str,
     ) -> Result<starling_api::NodeCredentials, access::AccessError> {
-        self.shared.access().mint(node_id, report_key).await
+        self.parts.access().mint(node_id, report_key).await
     }
 
     /// The store, for tools that run beside the coordinator.
     pub fn store(&self) -> &Store {
-        &self.shared.store
+        &self.parts.store
     }
 
     /// The one line `serve` prints when ready; tests parse it.
@@ -257,7 +268,7 @@ impl Running {
             self.rest_url(),
             self.mqtt_url
         );
-        if let Some(federation) = &self.shared.federation {
+        if let Some(federation) = &self.parts.federation {
             line.push_str(&format!(
                 " site={} gossip={}",
                 federation.site,
@@ -272,7 +283,7 @@ impl Running {
     /// stops.
     pub async fn shutdown(self) {
         let _ = self.stop.send(true);
-        let _ = self.shared.mqtt.try_disconnect();
+        let _ = self.parts.mqtt.try_disconnect();
         for task in self.tasks {
             if tokio::time::timeout(Duration::from_secs(5), task)
                 .await
@@ -281,7 +292,7 @@ impl Running {
                 tracing::warn!("a coordinator task did not stop within 5 s");
             }
         }
-        self.shared.store.close().await;
+        self.parts.store.close().await;
         if let Some(broker) = self.own_broker {
             broker.stop();
         }
@@ -524,7 +535,7 @@ pub async fn start(config: CoordinatorConfig) -> Result<Running, StartError> {
         resend_interval: config.resend_interval,
         counters: counters.clone(),
     };
-    let shared = Arc::new(Shared {
+    let parts = Arc::new(Parts {
         store,
         registry,
         topics,
@@ -548,25 +559,23 @@ pub async fn start(config: CoordinatorConfig) -> Result<Running, StartError> {
         federation: federation.clone(),
         publisher,
         feed,
-        console: http::console::Console::new(config.rest_tls.is_some()),
-        connections: connections.clone(),
     });
     let (stop, stop_rx) = watch::channel(false);
     let (messages_tx, messages_rx) =
         tokio::sync::mpsc::channel(crate::mqtt::handler::RECEIVED_QUEUE);
 
-    let ingest = shared.ingest();
+    let ingest = parts.ingest();
     let mut tasks = Vec::new();
     if leadership.is_replica() {
         let holder = format!("{rest_addr}-{}", uuid::Uuid::now_v7().simple());
         tracing::info!(%holder, lease = ?config.leader_lease, "a replica on a shared database: this one schedules while it holds the site's lease");
         tasks.push(tokio::spawn(loops::lease::run(
             loops::lease::Lease {
-                store: shared.store.clone(),
+                store: parts.store.clone(),
                 leadership,
                 holder,
                 ttl: config.leader_lease,
-                wake_scheduler: shared.wake_scheduler.clone(),
+                wake_scheduler: parts.wake_scheduler.clone(),
             },
             stop_rx.clone(),
         )));
@@ -584,10 +593,10 @@ pub async fn start(config: CoordinatorConfig) -> Result<Running, StartError> {
         )),
         tokio::spawn(loops::scheduler::run(
             loops::scheduler::Scheduler {
-                views: shared.view_source(),
-                publisher: shared.publisher.clone(),
-                federation: shared.federation.clone(),
-                wake: shared.wake_scheduler.clone(),
+                views: parts.view_source(),
+                publisher: parts.publisher.clone(),
+                federation: parts.federation.clone(),
+                wake: parts.wake_scheduler.clone(),
             },
             policy,
             config.schedule_interval,
@@ -595,41 +604,41 @@ pub async fn start(config: CoordinatorConfig) -> Result<Running, StartError> {
         )),
         tokio::spawn(loops::outbox::run(
             loops::outbox::Outbox {
-                publisher: shared.publisher.clone(),
+                publisher: parts.publisher.clone(),
             },
             stop_rx.clone(),
         )),
         tokio::spawn(loops::liveness::run(
             loops::liveness::Liveness {
-                registry: shared.registry.clone(),
-                store: shared.store.clone(),
-                broker_up_since_ms: shared.broker_up_since_ms.clone(),
-                counters: shared.counters.clone(),
-                wake_scheduler: shared.wake_scheduler.clone(),
-                node_timeout_ms: shared.node_timeout_ms,
-                max_attempts: shared.max_attempts,
-                feed: shared.feed.clone(),
+                registry: parts.registry.clone(),
+                store: parts.store.clone(),
+                broker_up_since_ms: parts.broker_up_since_ms.clone(),
+                counters: parts.counters.clone(),
+                wake_scheduler: parts.wake_scheduler.clone(),
+                node_timeout_ms: parts.node_timeout_ms,
+                max_attempts: parts.max_attempts,
+                feed: parts.feed.clone(),
             },
             stop_rx.clone(),
         )),
         tokio::spawn(loops::artifacts::run(
             loops::artifacts::Collector {
-                store: shared.store.clone(),
+                store: parts.store.clone(),
                 grace: config.artifact_grace,
             },
             stop_rx.clone(),
         )),
         tokio::spawn(loops::attempts::run(
             loops::attempts::Attempts {
-                registry: shared.registry.clone(),
-                store: shared.store.clone(),
-                publisher: shared.publisher.clone(),
-                counters: shared.counters.clone(),
-                wake_scheduler: shared.wake_scheduler.clone(),
-                grace_ms: shared
+                registry: parts.registry.clone(),
+                store: parts.store.clone(),
+                publisher: parts.publisher.clone(),
+                counters: parts.counters.clone(),
+                wake_scheduler: parts.wake_scheduler.clone(),
+                grace_ms: parts
                     .node_timeout_ms
                     .saturating_mul(loops::attempts::GRACE_NODE_TIMEOUTS),
-                max_attempts: shared.max_attempts,
+                max_attempts: parts.max_attempts,
             },
             stop_rx.clone(),
         )),
@@ -637,22 +646,25 @@ pub async fn start(config: CoordinatorConfig) -> Result<Running, StartError> {
     if let Some(federation) = federation {
         tasks.extend(federation::spawn(
             federation::DigestSource {
-                store: shared.store.clone(),
-                views: shared.view_source(),
-                public_url: shared.public_url.clone(),
+                store: parts.store.clone(),
+                views: parts.view_source(),
+                public_url: parts.public_url.clone(),
             },
             federation::Forwarder {
-                store: shared.store.clone(),
-                max_attempts: shared.max_attempts,
-                wake_scheduler: shared.wake_scheduler.clone(),
+                store: parts.store.clone(),
+                max_attempts: parts.max_attempts,
+                wake_scheduler: parts.wake_scheduler.clone(),
             },
             federation,
             stop_rx.clone(),
         ));
     }
-    let router = http::router(shared.clone());
+    let router = http::router(Arc::new(parts.http_state(
+        http::console::Console::new(config.rest_tls.is_some()),
+        connections.clone(),
+    )));
     let mut http_stop = stop_rx;
-    let feed = shared.feed.clone();
+    let feed = parts.feed.clone();
     tasks.push(tokio::spawn(async move {
         let shutdown = async move {
             let _ = http_stop.wait_for(|stopped| *stopped).await;
@@ -679,8 +691,8 @@ pub async fn start(config: CoordinatorConfig) -> Result<Running, StartError> {
     tracing::info!(
         rest = %rest_addr,
         mqtt = %address.url(),
-        db = shared.store.backend_name(),
-        policy = %shared.policy_name,
+        db = parts.store.backend_name(),
+        policy = %parts.policy_name,
         "coordinator started"
     );
     Ok(Running {
@@ -689,7 +701,7 @@ pub async fn start(config: CoordinatorConfig) -> Result<Running, StartError> {
         mqtt_url: address.url(),
         public_url,
         own_broker,
-        shared,
+        parts,
         stop,
         tasks,
     })

@@ -42,7 +42,6 @@ pub mod store;
 pub mod task;
 pub mod train;
 
-pub(crate) use app::Shared;
 pub use app::{start, Running};
 pub use config::{CoordinatorConfig, ServeArgs};
 pub use start_error::StartError;

@@ -17,8 +17,8 @@ use super::console::session::Credential;
 use super::error::HttpError;
 use super::routes::{required_access, RouteAccess};
 use crate::access;
+use crate::http::Shared;
 use crate::task::unix_now_ms;
-use crate::Shared;
 
 /// The console's session cookie. Its value is a random session id; the API
 /// token never travels in it.

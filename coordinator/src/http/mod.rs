@@ -15,7 +15,10 @@ mod handlers;
 pub mod openapi;
 mod peer;
 mod routes;
+mod state;
 mod views;
+
+pub(crate) use state::Shared;
 
 use std::sync::Arc;
 
@@ -25,7 +28,6 @@ use axum::routing::{get, post};
 use axum::{Json, Router};
 use starling_api::ErrorCode;
 
-use crate::Shared;
 use auth::authorize;
 use error::HttpError;
 use handlers::{

@@ -18,8 +18,8 @@ use super::error::HttpError;
 use crate::federation::identity::request::{
     PresentedSignature, CERTIFICATE_HEADER, SIGNATURE_HEADER, SITE_HEADER, TIMESTAMP_HEADER,
 };
+use crate::http::Shared;
 use crate::task::unix_now_ms;
-use crate::Shared;
 
 /// The site a federation request was signed by (set by [`authorize_peer`]).
 #[derive(Debug, Clone)]

@@ -57,6 +57,14 @@ pub(crate) struct Access {
 }
 
 impl Access {
+    /// How often Mosquitto's files were rewritten and reread (0 when the
+    /// coordinator writes none).
+    pub(crate) fn mosquitto_reloads(&self) -> u64 {
+        self.mosquitto
+            .as_deref()
+            .map_or(0, MosquittoWriter::rewrites)
+    }
+
     /// The credentials stored for `node`: when it enrolled, its report
     /// key, whether and when it was revoked.
     pub(crate) async fn credentials_of(

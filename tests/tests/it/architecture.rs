@@ -509,11 +509,11 @@ fn console_pages_and_rest_handlers_never_call_each_other() {
     assert!(strays.is_empty(), "{strays:#?}");
 }
 
-/// The modules that may name `Shared`, the REST router's state: the wiring
-/// that builds it (and the crate root, module ""), and the router with its
-/// handlers and console. Every loop, ingest, the federation's loops and the
-/// use cases (`service`) get narrow handles instead.
-const SHARED_ROOMS: &[&str] = &["", "app", "http"];
+/// The modules that may name `Shared`, the REST router's state: `http`,
+/// where it lives, and the wiring that builds it (`app`). Every loop, ingest,
+/// the federation's loops and the use cases (`service`) get narrow handles
+/// instead, and the state holds use cases, not the store.
+const SHARED_ROOMS: &[&str] = &["app", "http"];
 
 #[test]
 fn only_the_router_and_the_wiring_reach_through_shared() {

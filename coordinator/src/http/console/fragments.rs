@@ -9,8 +9,8 @@ use starling_api::{Role, TaskSummary};
 use super::history::Sample;
 use super::layout::{ago, bytes, hex_id, percent, task_badge, utc, Caller};
 use super::svg::row_sparklines;
+use crate::http::Shared;
 use crate::registry::NodeEntry;
-use crate::Shared;
 
 /// A node's state as the console shows it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -20,8 +20,8 @@ use super::layout::{secure_headers, Caller, ConsoleError};
 use super::session::{Credential, SESSION_TTL_MS};
 use crate::http::auth::{session_caller, SessionCaller, SESSION_COOKIE};
 use crate::http::routes::{required_console_access, ConsoleAccess};
+use crate::http::Shared;
 use crate::task::unix_now_ms;
-use crate::Shared;
 
 /// Largest console form body: a few fields, or a page of node ids.
 pub(crate) const MAX_FORM_BYTES: usize = 64 * 1024;

@@ -33,7 +33,7 @@ use axum::extract::DefaultBodyLimit;
 use axum::routing::{get, post};
 use axum::Router;
 
-use crate::Shared;
+use crate::http::Shared;
 use pages::{access, catalog, fleet, login, node, task, tasks};
 
 /// The console's state in `Shared`: sessions and the sparklines' history.

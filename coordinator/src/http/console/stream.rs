@@ -30,9 +30,9 @@ use super::pages::tasks::{rows as task_rows, task_page, TaskQuery};
 use crate::http::auth::session_caller;
 use crate::http::error::HttpError;
 use crate::http::views::task_summary;
+use crate::http::Shared;
 use crate::live::{Delivery, Filter, Subscription};
 use crate::task::unix_now_ms;
-use crate::Shared;
 
 /// How often a stream checks that its session (and token) still lives.
 const RECHECK: Duration = Duration::from_secs(5);

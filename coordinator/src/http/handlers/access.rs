@@ -15,7 +15,7 @@ use starling_proto::PROTOCOL_VERSION;
 
 use crate::http::error::HttpError;
 use crate::http::json_body;
-use crate::Shared;
+use crate::http::Shared;
 
 /// The coordinator's public key and protocol version, for nodes to pin.
 #[utoipa::path(
@@ -26,9 +26,9 @@ use crate::Shared;
 )]
 pub(crate) async fn identity(State(shared): State<Arc<Shared>>) -> Json<Identity> {
     Json(Identity {
-        coordinator_key: shared.coordinator_key(),
+        coordinator_key: shared.access().coordinator_key.clone(),
         protocol_version: PROTOCOL_VERSION,
-        topic_prefix: shared.topics.prefix().to_string(),
+        topic_prefix: shared.access().topic_prefix.clone(),
     })
 }
 

@@ -12,8 +12,8 @@ use starling_api::{ApiError, ArtifactSignature, ArtifactStored, ErrorCode};
 
 use crate::http::error::HttpError;
 use crate::http::json_body;
+use crate::http::Shared;
 use crate::service::artifacts::ArtifactBytes;
-use crate::Shared;
 
 /// The OpenCL package as the OpenAPI document shows it: a JSON object
 /// (`starling-opencl/1`), checked in full by `starling_opencl::Package`.

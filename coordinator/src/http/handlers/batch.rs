@@ -14,7 +14,7 @@ use crate::http::auth::caller_key;
 use crate::http::error::HttpError;
 use crate::http::json_body;
 use crate::http::views::created_summary;
-use crate::Shared;
+use crate::http::Shared;
 
 /// The largest body of a batch: room for [`starling_api::MAX_BATCH_TASKS`] tasks with
 /// small inline inputs (about 8 KiB each), four times the single submit's

@@ -13,8 +13,8 @@ use starling_api::{ErrorCode, EventKind, StreamPosition};
 use std::sync::Arc;
 
 use crate::http::error::HttpError;
+use crate::http::Shared;
 use crate::live::{Delivery, Filter};
-use crate::Shared;
 
 /// How often an idle stream sends a comment, so proxies and clients see
 /// the connection is alive.

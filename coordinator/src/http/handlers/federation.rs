@@ -14,7 +14,7 @@ use starling_api::{ApiError, ErrorCode, ForwardAccepted, ForwardRequest, Forward
 use crate::http::error::HttpError;
 use crate::http::peer::PeerSite;
 use crate::http::views::forward_status_view;
-use crate::Shared;
+use crate::http::Shared;
 
 /// Lists the sites of the federation: state by the failure detector, REST
 /// URL, digest age, measured round trip and the newest digest.

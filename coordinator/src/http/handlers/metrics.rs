@@ -10,10 +10,9 @@ use axum::http::header;
 use axum::response::{IntoResponse, Response};
 use starling_api::{ApiError, TaskStatus};
 
-use crate::access;
 use crate::counters::DecisionTimesSnapshot;
 use crate::http::error::HttpError;
-use crate::Shared;
+use crate::http::Shared;
 
 /// Every metric `/metrics` exports (a histogram by its base name), the
 /// federation's only when `--site` is set. `deploy/grafana/starling.json`
@@ -335,10 +334,7 @@ pub(crate) async fn metrics(State(shared): State<Arc<Shared>>) -> Result<Respons
         "Rewrites of Mosquitto's password file and ACL, each signalled and waited for until Mosquitto reread it; one covers every enrollment and revocation that arrived while the previous one ran (0 when the coordinator writes no Mosquitto files).",
         &[(
             String::new(),
-            shared
-                .mosquitto
-                .as_deref()
-                .map_or(0, access::MosquittoWriter::rewrites),
+            shared.access().mosquitto_reloads(),
         )],
     );
     if let Some(federation) = &shared.federation {

@@ -8,8 +8,8 @@ use starling_api::{ApiError, ErrorCode, Health, NodeDetail, NodeList, NodeSummar
 use starling_proto::NodeId;
 
 use crate::http::error::HttpError;
+use crate::http::Shared;
 use crate::registry::NodeEntry;
-use crate::Shared;
 
 /// Reports whether the coordinator and its database answer.
 #[utoipa::path(

@@ -13,7 +13,7 @@ use starling_api::{ApiError, RevocationAccepted, SiteRevocation};
 
 use crate::http::error::HttpError;
 use crate::http::json_body;
-use crate::Shared;
+use crate::http::Shared;
 
 /// Revokes a site: its certificates issued until the revocation's time are
 /// refused on every federation route and its digests dropped, here and, as

@@ -15,9 +15,9 @@ use super::events::{parse_wait, wait_for_end};
 use crate::http::auth::caller_key;
 use crate::http::error::HttpError;
 use crate::http::views::task_summary;
+use crate::http::Shared;
 use crate::http::{DEFAULT_LIST_LIMIT, MAX_LIST_LIMIT};
 use crate::service::tasks::Cancelled;
-use crate::Shared;
 
 /// Submits a task: the module must be uploaded first.
 #[utoipa::path(

@@ -14,7 +14,7 @@ use starling_api::{CreateApiToken, CreateJoinToken, Role};
 
 use super::super::gate::FormFields;
 use super::super::layout::{page, respond, utc, Caller, ConsoleError, Section};
-use crate::Shared;
+use crate::http::Shared;
 
 /// What the page shows once above its forms: a secret just made.
 enum Created {

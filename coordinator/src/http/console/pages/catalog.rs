@@ -12,7 +12,7 @@ use maud::html;
 
 use super::super::fragments::segment;
 use super::super::layout::{bytes, page, respond, Caller, ConsoleError, Section};
-use crate::Shared;
+use crate::http::Shared;
 
 /// Artifacts listed, newest first.
 const ARTIFACTS_SHOWN: u32 = 200;

@@ -16,9 +16,9 @@ use super::super::fragments::{node_row, node_site, own_site, NodeState, NodeView
 use super::super::gate::FormFields;
 use super::super::layout::{page, respond, Caller, ConsoleError, Section};
 use super::node::revoke_one;
+use crate::http::Shared;
 use crate::registry::NodeEntry;
 use crate::task::unix_now_ms;
-use crate::Shared;
 
 /// Nodes on one page of the fleet.
 pub(crate) const PAGE_SIZE: usize = 100;

@@ -16,8 +16,8 @@ use super::super::layout::{bare_page, respond, ConsoleError};
 use super::super::session::Credential;
 use crate::access;
 use crate::http::auth::{caller_role, refuse_slowly};
+use crate::http::Shared;
 use crate::task::unix_now_ms;
-use crate::Shared;
 
 /// Where to go after signing in.
 #[derive(Debug, Default, Deserialize)]

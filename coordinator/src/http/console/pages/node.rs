@@ -18,9 +18,9 @@ use super::super::fragments::{
 use super::super::layout::{ago, bytes, percent, respond, utc, Caller, ConsoleError, Section};
 use super::super::svg::plot;
 use super::tasks::recent_tasks;
+use crate::http::Shared;
 use crate::registry::NodeEntry;
 use crate::task::unix_now_ms;
-use crate::Shared;
 
 /// Tasks listed on a node's page.
 const RECENT_TASKS: usize = 20;

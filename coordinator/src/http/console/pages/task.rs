@@ -17,7 +17,7 @@ use starling_api::TaskDetail;
 use super::super::explain::explanation;
 use super::super::fragments::segment;
 use super::super::layout::{bytes, page, respond, task_badge, utc, Caller, ConsoleError, Section};
-use crate::Shared;
+use crate::http::Shared;
 
 /// Bytes of binary output shown as hex (the download has all of it).
 const HEX_SHOWN: usize = 4096;

@@ -15,9 +15,9 @@ use starling_api::{TaskStatus, TaskSummary};
 use super::super::fragments::task_row;
 use super::super::layout::{page, respond, Caller, ConsoleError, Section};
 use crate::http::views::task_summary;
+use crate::http::Shared;
 use crate::http::MAX_LIST_LIMIT;
 use crate::task::unix_now_ms;
-use crate::Shared;
 
 /// Tasks on one page of the list.
 pub(crate) const PAGE_SIZE: usize = 100;
