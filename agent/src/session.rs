@@ -1039,25 +1039,8 @@ mod tests {
             TaskState::Succeeded,
         ));
         let mut telemetry = starling_proto::Telemetry {
-            v: PROTOCOL_VERSION,
-            node_id: s.node_id().clone(),
-            seq: 1,
-            uptime_ms: 1,
-            cpu_load: 0.0,
             free_memory_bytes: 0,
-            io_read_bps: 0,
-            io_write_bps: 0,
-            link: starling_proto::LinkState {
-                rtt_ms: None,
-                bandwidth_mbps: None,
-                loss: None,
-            },
-            running_tasks: 0,
-            queued_tasks: 0,
-            power_level: 0,
-            energy_joules: 0.0,
-            attempts: Default::default(),
-            attempts_complete: false,
+            ..starling_proto::fixtures::telemetry(s.node_id().as_str(), 1, 1)
         };
         s.list_attempts(&mut telemetry);
         let listed: Vec<(&str, u32)> = telemetry

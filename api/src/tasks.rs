@@ -190,8 +190,12 @@ pub struct TaskDetail {
     /// reason a stable code such as `offline`, `runtime`, `arch`, `labels`,
     /// `gpu`, `gpu_kind`, `gpu_memory`, `fp64`, `memory`, `energy_budget`,
     /// with at most 5 example node ids each) and `alternatives` (the best
-    /// 3 candidates scored, the chosen one first). A forwarded task's adds
-    /// `forwarded_to`, `estimated_finish_ms` and the `local` decision.
+    /// 3 candidates scored, the chosen one first). A placed task's adds
+    /// `estimated_run_s` (the run time expected on the chosen node: the
+    /// model times what that node's finished attempts taught, which the
+    /// chosen alternative's note names) and `modelled_run_s` (the model
+    /// alone). A forwarded task's adds `forwarded_to`, `estimated_finish_ms`
+    /// and the `local` decision.
     /// Explanations stored before `considered` and `filtered` existed lack them.
     #[schema(value_type = Option<Object>)]
     pub explanation: Option<serde_json::Value>,

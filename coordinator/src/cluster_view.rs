@@ -61,6 +61,7 @@ pub fn pending_task(key: u64, spec: &NewTask) -> PendingTask {
             device_kind: spec.demand.device.required_kind(),
             fp64: spec.demand.fp64,
         },
+        artifact: starling_placement::correction::artifact_key(&spec.artifact.0),
     }
 }
 
@@ -103,8 +104,14 @@ pub(crate) fn cluster_view(
         if !runs_wasm(&entry.capability.wasm) {
             node.runtimes.retain(|runtime| *runtime != Runtime::Wasm);
         }
+        // What its finished attempts taught (placement multiplies its run
+        // time estimates by it).
+        node.corrections = entry.corrections.clone();
         nodes.push(node);
     }
+    // A node that has not run an artifact or a class of work yet assumes
+    // what the others measured of it.
+    starling_placement::correction::share_priors(&mut nodes);
     (ClusterView { now_ms, nodes }, ids)
 }
 

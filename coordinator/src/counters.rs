@@ -50,6 +50,9 @@ pub(crate) struct Counters {
     pub(crate) tasks_parked: std::sync::atomic::AtomicU64,
     /// How long each scheduling round's placement decision took.
     pub(crate) placement_decisions: DecisionTimes,
+    /// How each finished attempt's run time stood against placement's
+    /// estimate.
+    pub(crate) estimate_errors: EstimateErrors,
 }
 
 impl Counters {
@@ -165,9 +168,89 @@ impl DecisionTimes {
     }
 }
 
+/// Upper bounds of the buckets of `starling_estimate_error_ratio`, a
+/// finished attempt's observed run time over the one placement expected:
+/// from four times faster to four times slower, finer near 1.
+pub(crate) const ERROR_RATIO_BUCKETS: [f64; 10] =
+    [0.25, 0.5, 0.8, 0.9, 0.95, 1.05, 1.1, 1.25, 2.0, 4.0];
+
+/// Observed over expected run time of every finished attempt that had an
+/// estimate: a histogram with the buckets of [`ERROR_RATIO_BUCKETS`].
+#[derive(Debug, Default)]
+pub(crate) struct EstimateErrors {
+    /// Attempts in each bucket (not cumulative; the last is above every bound).
+    buckets: [AtomicU64; ERROR_RATIO_BUCKETS.len() + 1],
+    /// Every ratio added up, in millionths.
+    sum_millionths: AtomicU64,
+}
+
+impl EstimateErrors {
+    /// Records one attempt: `observed_s` taken where `predicted_s` was
+    /// expected (nothing for a prediction that is not positive).
+    pub(crate) fn observe(&self, predicted_s: f64, observed_s: f64) {
+        if !(predicted_s > 0.0 && observed_s.is_finite() && observed_s >= 0.0) {
+            return;
+        }
+        let ratio = observed_s / predicted_s;
+        let slot = ERROR_RATIO_BUCKETS
+            .iter()
+            .position(|bound| ratio <= *bound)
+            .unwrap_or(ERROR_RATIO_BUCKETS.len());
+        if let Some(bucket) = self.buckets.get(slot) {
+            bucket.fetch_add(1, Ordering::Relaxed);
+        }
+        // Saturating: a ratio past 18 trillion is not a number anyone reads.
+        self.sum_millionths
+            .fetch_add((ratio * 1e6).min(u64::MAX as f64) as u64, Ordering::Relaxed);
+    }
+
+    /// The histogram now, in the shape `/metrics` writes.
+    pub(crate) fn snapshot(&self) -> DecisionTimesSnapshot {
+        let mut total = 0_u64;
+        let mut buckets = Vec::with_capacity(ERROR_RATIO_BUCKETS.len());
+        for (bound, bucket) in ERROR_RATIO_BUCKETS.iter().zip(&self.buckets) {
+            total = total.saturating_add(bucket.load(Ordering::Relaxed));
+            buckets.push((*bound, total));
+        }
+        let above = self
+            .buckets
+            .last()
+            .map_or(0, |bucket| bucket.load(Ordering::Relaxed));
+        DecisionTimesSnapshot {
+            buckets,
+            count: total.saturating_add(above),
+            sum_s: self.sum_millionths.load(Ordering::Relaxed) as f64 / 1e6,
+        }
+    }
+}
+
 #[cfg(test)]
 #[allow(clippy::unwrap_used, clippy::expect_used)]
 mod tests {
+
+    #[test]
+    fn estimate_errors_bucket_the_ratio_of_observed_to_expected() {
+        let errors = EstimateErrors::default();
+        errors.observe(1.0, 4.0); // on the last bound
+        errors.observe(2.0, 2.0); // 1.0: the 1.05 bucket
+        errors.observe(1.0, 10.0); // above every bound
+        errors.observe(0.0, 1.0); // no prediction: not counted
+        let snapshot = errors.snapshot();
+        assert_eq!(snapshot.count, 3);
+        let at = |bound: f64| {
+            snapshot
+                .buckets
+                .iter()
+                .find(|(b, _)| *b == bound)
+                .unwrap()
+                .1
+        };
+        assert_eq!(at(0.95), 0);
+        assert_eq!(at(1.05), 1);
+        assert_eq!(at(2.0), 1);
+        assert_eq!(at(4.0), 2);
+        assert!((snapshot.sum_s - 15.0).abs() < 1e-6, "{}", snapshot.sum_s);
+    }
     use super::*;
 
     #[test]

@@ -2,8 +2,10 @@
 //! it is doing (latest telemetry) and whether it is reachable (status). A plain
 //! state machine fed by decoded messages; the MQTT loop lives in `ingest`.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
 
+use starling_placement::correction::NodeCorrections;
+use starling_placement::TaskClass;
 use starling_proto::{Capability, NodeId, NodeState, Status, Telemetry};
 
 use crate::domain::liveness::Silence;
@@ -32,6 +34,44 @@ pub struct NodeEntry {
     /// (`domain::attempts`): it is offered no work until it answers one, or
     /// connects again (an `online` status: a new session).
     pub unresponsive: bool,
+    /// How its run times stood against their estimates, learned from its
+    /// finished attempts (`starling_placement::correction`); reset when its
+    /// capability declares other processors.
+    pub corrections: NodeCorrections,
+    /// Attempts placed on it whose run time is awaited, oldest first (at
+    /// most [`MAX_EXPECTED_RUNS`]).
+    pub expected: VecDeque<ExpectedRun>,
+}
+
+/// The most attempts awaited per node; past it the oldest is forgotten
+/// (its sample is lost, nothing else).
+pub const MAX_EXPECTED_RUNS: usize = 4096;
+
+/// An attempt placed on a node, with the run time placement expected of it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ExpectedRun {
+    /// The task.
+    pub task_id: String,
+    /// Its attempt.
+    pub attempt: u32,
+    /// Seconds of execution by the model alone (what corrections learn against).
+    pub modelled_s: f64,
+    /// Seconds of execution placement expected: the model times the
+    /// correction it had then.
+    pub predicted_s: f64,
+    /// Its class of work.
+    pub class: TaskClass,
+    /// Its artifact's key (`starling_placement::correction::artifact_key`).
+    pub artifact: u64,
+}
+
+/// What one finished attempt taught: its predicted and observed run time.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct RunSample {
+    /// Seconds placement expected.
+    pub predicted_s: f64,
+    /// Seconds it took.
+    pub observed_s: f64,
 }
 
 impl NodeEntry {
@@ -126,6 +166,13 @@ impl Registry {
         let id = capability.node_id.clone();
         match self.nodes.get_mut(&id) {
             Some(entry) => {
+                // Other processors make what was learned of the old ones moot.
+                if entry.capability.cpu != capability.cpu
+                    || entry.capability.gpus != capability.gpus
+                    || entry.capability.disks != capability.disks
+                {
+                    entry.corrections = NodeCorrections::default();
+                }
                 entry.capability = capability;
                 entry.last_seen_ms = now_ms;
             }
@@ -142,6 +189,8 @@ impl Registry {
                         silent: false,
                         new_session: false,
                         unresponsive: false,
+                        corrections: NodeCorrections::default(),
+                        expected: VecDeque::new(),
                     },
                 );
                 // A held status counts as a change now that the node is known:
@@ -289,6 +338,44 @@ impl Registry {
         }
     }
 
+    /// Notes an attempt placed on `id` with the run time expected of it,
+    /// until [`Registry::finish_run`] (an unknown node: nothing).
+    pub fn expect_run(&mut self, id: &NodeId, run: ExpectedRun) {
+        if let Some(entry) = self.nodes.get_mut(id) {
+            if entry.expected.len() >= MAX_EXPECTED_RUNS {
+                entry.expected.pop_front();
+            }
+            entry.expected.push_back(run);
+        }
+    }
+
+    /// An attempt on `id` ended. With `observed_s` (it succeeded, and the
+    /// node measured its execution) and an expectation noted for it, the
+    /// sample goes into the node's corrections and is returned; the
+    /// expectation is forgotten either way.
+    pub fn finish_run(
+        &mut self,
+        id: &NodeId,
+        task_id: &str,
+        attempt: u32,
+        observed_s: Option<f64>,
+    ) -> Option<RunSample> {
+        let entry = self.nodes.get_mut(id)?;
+        let position = entry
+            .expected
+            .iter()
+            .position(|run| run.task_id == task_id && run.attempt == attempt)?;
+        let run = entry.expected.remove(position)?;
+        let observed_s = observed_s?;
+        entry
+            .corrections
+            .observe_work(run.class, run.artifact, run.modelled_s, observed_s)
+            .then_some(RunSample {
+                predicted_s: run.predicted_s,
+                observed_s,
+            })
+    }
+
     /// One node.
     pub fn get(&self, id: &NodeId) -> Option<&NodeEntry> {
         self.nodes.get(id)
@@ -341,7 +428,7 @@ impl NodeRegistry {
 #[allow(clippy::unwrap_used, clippy::expect_used)]
 pub(crate) mod tests {
     use super::*;
-    use starling_proto::{CpuInfo, LinkState, PROTOCOL_VERSION};
+    use starling_proto::PROTOCOL_VERSION;
 
     /// Silence at `now_ms` under `timeout_ms`, listening since
     /// `listening_since_ms`, ingest caught up.
@@ -355,56 +442,13 @@ pub(crate) mod tests {
     }
 
     pub(crate) fn capability(id: &str) -> Capability {
-        let mut capability = Capability {
-            v: PROTOCOL_VERSION,
-            node_id: NodeId::new(id).unwrap(),
-            agent_version: "0.1.0".try_into().unwrap(),
-            arch: "x86_64".try_into().unwrap(),
-            os: "linux".try_into().unwrap(),
-            cpu: CpuInfo {
-                model: "test cpu".try_into().unwrap(),
-                cores: 4,
-                min_mhz: 800,
-                max_mhz: 3000,
-            },
-            memory_bytes: 8 << 30,
-            gpus: Default::default(),
-            disks: Default::default(),
-            interfaces: Default::default(),
-            labels: Default::default(),
-            runtimes: Default::default(),
-            power_levels: Default::default(),
-            power_control: Default::default(),
-            wasm: Default::default(),
-        };
-        capability
-            .runtimes
-            .push(starling_proto::Runtime::Wasm)
-            .unwrap();
-        capability
+        starling_proto::fixtures::capability(id)
     }
 
     pub(crate) fn telemetry(id: &str, seq: u64, uptime_ms: u64) -> Telemetry {
         Telemetry {
-            v: PROTOCOL_VERSION,
-            node_id: NodeId::new(id).unwrap(),
-            seq,
-            uptime_ms,
             cpu_load: 0.25,
-            free_memory_bytes: 4 << 30,
-            io_read_bps: 0,
-            io_write_bps: 0,
-            link: LinkState {
-                rtt_ms: None,
-                bandwidth_mbps: None,
-                loss: None,
-            },
-            running_tasks: 0,
-            queued_tasks: 0,
-            power_level: 0,
-            energy_joules: 0.0,
-            attempts: Default::default(),
-            attempts_complete: false,
+            ..starling_proto::fixtures::telemetry(id, seq, uptime_ms)
         }
     }
 
@@ -667,5 +711,72 @@ pub(crate) mod tests {
             registry.apply_telemetry(&id, telemetry("r", 2, 100), 1_500),
             Ok(RegistryChange::TelemetryUpdated(id.clone()))
         );
+    }
+
+    #[test]
+    fn a_finished_attempt_teaches_its_node_once_and_only_if_expected() {
+        let mut registry = Registry::new();
+        let node = NodeId::new("pi-1").unwrap();
+        registry
+            .apply_capability(&node, capability("pi-1"), 1)
+            .unwrap();
+        let run = |task: &str| ExpectedRun {
+            task_id: task.to_owned(),
+            attempt: 1,
+            modelled_s: 1.0,
+            predicted_s: 1.0,
+            class: TaskClass::Cpu,
+            artifact: 7,
+        };
+        registry.expect_run(&node, run("t1"));
+        registry.expect_run(&node, run("t2"));
+        // Not expected (another attempt): nothing learned.
+        assert_eq!(registry.finish_run(&node, "t1", 2, Some(4.0)), None);
+        let sample = registry.finish_run(&node, "t1", 1, Some(4.0)).unwrap();
+        assert_eq!(sample.observed_s, 4.0);
+        // Once: the expectation is gone.
+        assert_eq!(registry.finish_run(&node, "t1", 1, Some(4.0)), None);
+        // A failed attempt (no measurement) forgets its expectation, teaches nothing.
+        assert_eq!(registry.finish_run(&node, "t2", 1, None), None);
+        let entry = registry.get(&node).unwrap();
+        assert!(entry.expected.is_empty());
+        assert_eq!(entry.corrections.by_class[0].samples, 1);
+        assert!(
+            (entry.corrections.by_class[0].factor() - 2.0).abs() < 1e-9,
+            "one sample moves it ×2 at most"
+        );
+        // Other processors: what was learned goes.
+        let mut faster = capability("pi-1");
+        faster.cpu.max_mhz *= 2;
+        registry.apply_capability(&node, faster, 2).unwrap();
+        assert_eq!(
+            registry.get(&node).unwrap().corrections,
+            NodeCorrections::default()
+        );
+    }
+
+    #[test]
+    fn a_node_awaits_a_bounded_number_of_runs() {
+        let mut registry = Registry::new();
+        let node = NodeId::new("pi-1").unwrap();
+        registry
+            .apply_capability(&node, capability("pi-1"), 1)
+            .unwrap();
+        for attempt in 0..(MAX_EXPECTED_RUNS as u32 + 10) {
+            registry.expect_run(
+                &node,
+                ExpectedRun {
+                    task_id: "t".to_owned(),
+                    attempt,
+                    modelled_s: 1.0,
+                    predicted_s: 1.0,
+                    class: TaskClass::Cpu,
+                    artifact: 0,
+                },
+            );
+        }
+        let entry = registry.get(&node).unwrap();
+        assert_eq!(entry.expected.len(), MAX_EXPECTED_RUNS);
+        assert_eq!(entry.expected.front().unwrap().attempt, 10);
     }
 }

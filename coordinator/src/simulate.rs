@@ -68,6 +68,19 @@ pub struct SimArgs {
     /// Device failures per node-hour.
     #[arg(long, value_name = "RATE")]
     pub failure_rate: Option<f64>,
+    /// Hidden spread of the devices' speed against what they declare: each
+    /// device's work takes exp(σ·z) times the estimate (z normal, drawn once
+    /// per device); the policies see only the declared speeds [default: 0].
+    #[arg(long, value_name = "SIGMA")]
+    pub device_bias: Option<f64>,
+    /// Spread of each attempt's run-time noise, σ of its logarithm
+    /// [default: 0.1].
+    #[arg(long, value_name = "SIGMA")]
+    pub runtime_noise: Option<f64>,
+    /// Let finished attempts correct each node's estimates, as the
+    /// coordinator does (per node and class of work, and per artifact).
+    #[arg(long)]
+    pub learn_estimates: bool,
     /// Policies to compare, comma-separated (default: all).
     #[arg(long, value_delimiter = ',', value_name = "NAME,...")]
     pub policies: Vec<String>,
@@ -419,6 +432,15 @@ fn apply_sim_flags(args: &SimArgs, config: &mut SimConfig) {
     }
     if !args.policies.is_empty() {
         config.policies = args.policies.clone();
+    }
+    if let Some(sigma) = args.device_bias {
+        config.estimates.device_bias = sigma;
+    }
+    if let Some(sigma) = args.runtime_noise {
+        config.estimates.runtime_noise = sigma;
+    }
+    if args.learn_estimates {
+        config.estimates.learning = true;
     }
 }
 

@@ -112,8 +112,16 @@ pub fn queue_wait_s(node: &NodeView, load: &NodeLoad, task: &PendingTask) -> f64
     }
 }
 
-/// Seconds the task executes on the node at a power level.
+/// Seconds the task executes on the node at a power level: as modelled
+/// ([`modelled_execution_s`]), times what the node has learned of such
+/// work's run times ([`crate::model::correction`]).
 pub fn execution_s(node: &NodeView, task: &PendingTask, power_level: u8) -> f64 {
+    modelled_execution_s(node, task, power_level) * node.corrections.factor(task)
+}
+
+/// Seconds the task executes on the node at a power level by the model
+/// alone: the node's declared speeds and the task's declared work.
+pub fn modelled_execution_s(node: &NodeView, task: &PendingTask, power_level: u8) -> f64 {
     let factor = node.power_level(power_level).speed_factor.max(0.01);
     let work = task.work.max(0.0);
     let cpu_rate = node.cpu_speed.max(0.01) * factor;

@@ -187,6 +187,7 @@ fn probe(class: TaskClass) -> PendingTask {
             device_kind: None,
             fp64: false,
         },
+        artifact: 0,
     }
 }
 

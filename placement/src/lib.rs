@@ -28,6 +28,7 @@ pub use federation::{
     commit, remote_finish_ms, route, route_with_artifact, site_capacity, work_class, DigestError,
     InterSiteLink, RemoteSite, Route, SiteCapacity,
 };
+pub use model::correction;
 pub use model::{
     ClusterView, Constraints, Demand, DeviceKinds, GpuCapacity, NodeLoad, NodeView, PendingTask,
     QueueState, TaskClass, REFERENCE_CORE_GFLOPS,

@@ -37,6 +37,10 @@ use core::str::FromStr;
 use serde::{Deserialize, Serialize};
 use starling_proto::{Capability, GpuDevice, GpuKind, Label, NodeId, Runtime, Telemetry};
 
+pub mod correction;
+
+use correction::NodeCorrections;
+
 /// Per-core speed of the reference node (an x86 mini PC core), by definition 1.
 pub const REFERENCE_CORE_SPEED: f64 = 1.0;
 /// Storage rate of the reference node, MB/s (a SATA SSD in an x86 mini PC).
@@ -173,6 +177,10 @@ pub struct PendingTask {
     pub submitted_ms: u64,
     /// Where it may run.
     pub constraints: Constraints,
+    /// Its artifact, as a key (0: none known), under which nodes keep what
+    /// they learned of its run times ([`correction`]).
+    #[serde(default)]
+    pub artifact: u64,
 }
 
 /// One power level of a node, as the engine models it.
@@ -442,6 +450,10 @@ pub struct NodeView {
     pub energy: EnergyState,
     /// What placed work occupies now.
     pub load: NodeLoad,
+    /// How its run times stood against their estimates (learned from
+    /// finished attempts; none for a node nothing has finished on).
+    #[serde(default)]
+    pub corrections: NodeCorrections,
 }
 
 /// Power levels assumed when a node reports none: a single full-speed level with
@@ -586,6 +598,7 @@ impl NodeView {
             power_levels,
             energy,
             load,
+            corrections: NodeCorrections::default(),
         }
     }
 
@@ -665,9 +678,7 @@ impl ClusterView {
 #[allow(clippy::unwrap_used, clippy::expect_used)]
 mod tests {
     use super::*;
-    use starling_proto::{
-        CpuInfo, DiskInfo, GpuDevice, LinkState, PowerLevel, RateSource, PROTOCOL_VERSION,
-    };
+    use starling_proto::{CpuInfo, DiskInfo, GpuDevice, LinkState, PowerLevel, RateSource};
 
     /// An OpenCL device without double precision or a reported allocation limit.
     fn device(
@@ -696,9 +707,6 @@ mod tests {
 
     fn capability(arch: &str) -> Capability {
         let mut capability = Capability {
-            v: PROTOCOL_VERSION,
-            node_id: NodeId::new("edge-1").unwrap(),
-            agent_version: "0.1.0".try_into().unwrap(),
             arch: arch.try_into().unwrap(),
             os: "Linux".try_into().unwrap(),
             cpu: CpuInfo {
@@ -708,14 +716,8 @@ mod tests {
                 max_mhz: 1500,
             },
             memory_bytes: 4 << 30,
-            gpus: Default::default(),
-            disks: Default::default(),
-            interfaces: Default::default(),
-            labels: Default::default(),
             runtimes: Default::default(),
-            power_levels: Default::default(),
-            power_control: Default::default(),
-            wasm: Default::default(),
+            ..starling_proto::fixtures::capability("edge-1")
         };
         if arch == "aarch64" {
             capability.power_control = starling_proto::PowerControl::Cpufreq;
@@ -799,14 +801,9 @@ mod tests {
     fn from_reports_reads_gpu_power_levels_and_telemetry() {
         let capability = capability("aarch64");
         let telemetry = Telemetry {
-            v: PROTOCOL_VERSION,
-            node_id: capability.node_id.clone(),
-            seq: 9,
-            uptime_ms: 1_000,
             cpu_load: 0.5,
             free_memory_bytes: 1 << 30,
             io_read_bps: 100_000_000,
-            io_write_bps: 0,
             link: LinkState {
                 rtt_ms: Some(40.0),
                 bandwidth_mbps: Some(20.0),
@@ -814,10 +811,8 @@ mod tests {
             },
             running_tasks: 2,
             queued_tasks: 1,
-            power_level: 0,
             energy_joules: 55.0,
-            attempts: Default::default(),
-            attempts_complete: false,
+            ..starling_proto::fixtures::telemetry(capability.node_id.as_str(), 9, 1_000)
         };
         let view = NodeView::from_reports(&capability, Some(&telemetry), false);
         assert!(!view.online);

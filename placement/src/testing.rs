@@ -61,6 +61,7 @@ pub fn node(name: &str, cores: f64, speed: f64) -> NodeView {
             committed_joules: 0.0,
             power_level: 1,
         },
+        corrections: Default::default(),
     }
 }
 
@@ -90,6 +91,7 @@ pub fn task(key: u64, class: TaskClass) -> PendingTask {
             device_kind: None,
             fp64: false,
         },
+        artifact: 0,
     }
 }
 

@@ -16,6 +16,7 @@ extern crate alloc;
 
 pub mod capability;
 pub mod codec;
+pub mod fixtures;
 pub mod ids;
 pub mod limits;
 pub mod signed;

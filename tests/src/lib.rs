@@ -194,6 +194,17 @@ pub fn free_port() -> u16 {
         .expect("bind an ephemeral port")
 }
 
+/// Waits for `done`, polling every 50 ms; panics with `what` after
+/// `timeout`. Returns how long it took.
+pub fn wait_until(timeout: Duration, what: &str, mut done: impl FnMut() -> bool) -> Duration {
+    let start = Instant::now();
+    while !done() {
+        assert!(start.elapsed() < timeout, "{what}: not within {timeout:?}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    start.elapsed()
+}
+
 /// Waits until something accepts TCP connections on `addr`.
 pub fn wait_for_port(addr: SocketAddr, timeout: Duration) {
     let start = Instant::now();

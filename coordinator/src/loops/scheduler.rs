@@ -8,15 +8,17 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use starling_placement::capable::fleet_fingerprint;
-use starling_placement::{ClusterView, Policy};
+use starling_placement::{estimate, ClusterView, Outcome, Policy};
 use tokio::sync::{watch, Notify};
 
 use crate::cluster_view::{
-    sort_window, withhold_behind, Snapshot, ViewSource, MAX_WINDOWS_PER_ROUND, QUEUE_WINDOW,
+    pending_task, sort_window, withhold_behind, Snapshot, ViewSource, MAX_WINDOWS_PER_ROUND,
+    QUEUE_WINDOW,
 };
 use crate::federation::Federation;
 use crate::loops::round::{Round, Step};
 use crate::mqtt::publish::{ArtifactPublishers, Publisher};
+use crate::registry::ExpectedRun;
 use crate::store::{OutboxEntry, Placement, StoreError, TaskRecord};
 use crate::task::{unix_now_ms, TaskStatus};
 
@@ -194,8 +196,27 @@ impl Scheduler {
                     node_id,
                     attempt,
                     power_level,
-                    explanation,
+                    mut explanation,
                 } => {
+                    // The run time placement expects there, and the model's
+                    // alone: shown with the decision, and what the node's
+                    // correction learns from when the attempt ends.
+                    if let (Outcome::Place { node, .. }, Some(object)) =
+                        (&decision.outcome, explanation.as_object_mut())
+                    {
+                        if let (Some(view_node), Some(work)) =
+                            (view.nodes.get(*node), queue.get(task))
+                        {
+                            object.insert(
+                                "estimated_run_s".into(),
+                                estimate::execution_s(view_node, work, power_level).into(),
+                            );
+                            object.insert(
+                                "modelled_run_s".into(),
+                                estimate::modelled_execution_s(view_node, work, power_level).into(),
+                            );
+                        }
+                    }
                     placements.push(Placement {
                         task_id: pending[task].spec.id.clone(),
                         attempt,
@@ -298,6 +319,23 @@ impl Scheduler {
             let Some(record) = pending.get(*task) else {
                 continue;
             };
+            let seconds = |key: &str| placement.explanation.get(key).and_then(|v| v.as_f64());
+            if let (Some(predicted_s), Some(modelled_s)) =
+                (seconds("estimated_run_s"), seconds("modelled_run_s"))
+            {
+                let work = pending_task(0, &record.spec);
+                self.views.registry.write().expect_run(
+                    node_id,
+                    ExpectedRun {
+                        task_id: placement.task_id.clone(),
+                        attempt: placement.attempt,
+                        modelled_s,
+                        predicted_s,
+                        class: work.class,
+                        artifact: work.artifact,
+                    },
+                );
+            }
             let entry = OutboxEntry {
                 task_id: placement.task_id.clone(),
                 attempt: placement.attempt,

@@ -389,6 +389,37 @@ pub(crate) async fn handle_events(
     handled
 }
 
+/// A finished attempt's run time as its node measured it teaches the
+/// node's estimates (`Registry::finish_run`) and counts in `/metrics`
+/// (`starling_estimate_error_ratio`); a failed or cancelled one only ends
+/// the wait for it. A stale attempt's measurement is as true as a current
+/// one's.
+fn learn_run_time(ingest: &Ingest, event: &TaskEvent, outcome: &EventOutcome) {
+    if !matches!(
+        outcome,
+        EventOutcome::Recorded { .. } | EventOutcome::Stale { .. }
+    ) {
+        return;
+    }
+    let observed_s = match event.state {
+        TaskState::Succeeded => event.metrics.map(|metrics| metrics.wall_ms as f64 / 1000.0),
+        TaskState::Failed | TaskState::Cancelled => None,
+        _ => return,
+    };
+    let sample = ingest.registry.write().finish_run(
+        &event.node_id,
+        event.task_id.as_str(),
+        event.attempt,
+        observed_s,
+    );
+    if let Some(sample) = sample {
+        ingest
+            .counters
+            .estimate_errors
+            .observe(sample.predicted_s, sample.observed_s);
+    }
+}
+
 /// Records one event on its own, its mark first (two commits: the path
 /// taken only when a batch failed).
 async fn record_alone(
@@ -439,6 +470,7 @@ async fn answer_event(
             "the node refused an assignment; the task is unchanged and the assignment will be sent again"
         );
     }
+    learn_run_time(ingest, &event, &outcome);
     match &outcome {
         EventOutcome::UnknownTask => {
             return Err(IngestError::UnknownTask {

@@ -15,6 +15,7 @@ mod published;
 use serde::{Deserialize, Serialize};
 
 use crate::estimate::{self, FilterTally, Incompatible};
+use crate::model::correction::CorrectionSource;
 use crate::model::{ClusterView, NodeLoad, NodeView, PendingTask};
 
 pub use baselines::{
@@ -291,10 +292,35 @@ impl<'a> Round<'a> {
                     .get(candidate.node)
                     .map(|load| load.queue_state(node))
                     .unwrap_or_else(|| node.queue_state());
+                // An estimate corrected by what ran there says so, and by how
+                // much: a person reading why can tell a measured number from a
+                // modelled one.
+                let (correction, source) = node.corrections.for_task(task);
+                let learned = match source {
+                    CorrectionSource::None => String::new(),
+                    CorrectionSource::Class => format!(
+                        "; run time ×{:.2} learned from {} attempts of its class here",
+                        correction.factor(),
+                        correction.samples
+                    ),
+                    CorrectionSource::Artifact => format!(
+                        "; run time ×{:.2} learned from {} attempts of its artifact here",
+                        correction.factor(),
+                        correction.samples
+                    ),
+                    CorrectionSource::FleetClass => format!(
+                        "; run time ×{:.2} as other nodes measured its class (none ran here)",
+                        correction.factor()
+                    ),
+                    CorrectionSource::FleetArtifact => format!(
+                        "; run time ×{:.2} as other nodes measured its artifact (it never ran here)",
+                        correction.factor()
+                    ),
+                };
                 (
                     node.id.to_string(),
                     format!(
-                        "{deadline}; {} queued, {:.1} s backlog",
+                        "{deadline}; {} queued, {:.1} s backlog{learned}",
                         state.queued_tasks, state.backlog_s
                     ),
                 )

@@ -57,8 +57,12 @@ enum Event {
 struct Placed {
     task: usize,
     power_level: u8,
-    /// Execution seconds including noise, known when placed.
+    /// Execution seconds including the node's bias and the noise, known
+    /// when placed.
     run_s: f64,
+    /// Execution seconds as the model has them (no correction, no bias, no
+    /// noise): what a correction learns against.
+    modelled_s: f64,
     lanes: u32,
     on_gpu: bool,
     /// When it started running, ms; `None` while in transfer or queued.
@@ -376,6 +380,13 @@ impl<'a> Engine<'a> {
             return;
         };
         self.refresh_view(range.clone());
+        if self.config.estimates.learning {
+            // As the coordinator does each round: nodes that have not run
+            // an artifact or a class yet assume what the others measured.
+            if let Some(nodes) = self.view.nodes.get_mut(range.clone()) {
+                crate::model::correction::share_priors(nodes);
+            }
+        }
         let queue = self.queue(site);
         let view = self.site_view(&range);
         let started = stopwatch.now_ns();
@@ -465,12 +476,15 @@ impl<'a> Engine<'a> {
             return false;
         }
         let attempt = self.attempts.get(task_index).copied().unwrap_or(0);
-        let run_s =
-            estimate::execution_s(node_view, task, power_level) * self.env.noise(task.key, attempt);
+        // The truth: the model's time (never the corrected estimate the
+        // policy saw), times the node's hidden bias and this attempt's noise.
+        let modelled_s = estimate::modelled_execution_s(node_view, task, power_level);
+        let run_s = modelled_s * self.env.bias(node) * self.env.noise(task.key, attempt);
         let placed = Placed {
             task: task_index,
             power_level,
             run_s,
+            modelled_s,
             lanes: estimate::lanes(node_view, task),
             on_gpu: estimate::runs_on_gpu(node_view, task),
             started_ms: None,
@@ -583,6 +597,13 @@ impl<'a> Engine<'a> {
             self.network_joules(node, pending.output_bytes)
         });
         self.charge(task, energy + output_joules);
+        if self.config.estimates.learning {
+            let pending = self.task(task);
+            if let (Some(pending), Some(view)) = (pending, self.view.nodes.get_mut(node)) {
+                view.corrections
+                    .observe(pending, placed.modelled_s, placed.run_s);
+            }
+        }
         let output_s = match (self.view.nodes.get(node), self.task(task)) {
             (Some(view), Some(pending)) => {
                 let mut view = view.clone();

@@ -145,10 +145,49 @@ pub struct SimConfig {
     /// `nodes_per_profile` and `task_mix`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub scenario: Option<Box<Scenario>>,
+    /// How far the devices stand from what they declare, hidden from the
+    /// policies, and whether placement learns it from finished attempts.
+    #[serde(default)]
+    pub estimates: EstimateTruth,
     /// Models for the learned policies, replacing the shipped ones (not written
     /// into reports: the training record in each model says where it came from).
     #[serde(skip)]
     pub models: Vec<ModelFile>,
+}
+
+/// The truth behind the estimates in a run: every device runs its work
+/// `exp(device_bias · z)` times slower than the model says (`z` drawn once
+/// per device, normal), every attempt `exp(runtime_noise · z)` more (`z`
+/// drawn per attempt); the policies see only what devices declare. With
+/// `learning`, each finished attempt corrects the estimates of its node
+/// (`crate::model::correction`), as the coordinator's do.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct EstimateTruth {
+    /// Spread of the devices' hidden speed bias (σ of its logarithm; 0: each
+    /// device is as fast as it declares).
+    #[serde(default)]
+    pub device_bias: f64,
+    /// Spread of each attempt's run-time noise (σ of its logarithm).
+    #[serde(default = "default_runtime_noise")]
+    pub runtime_noise: f64,
+    /// Whether finished attempts correct the estimates placement uses.
+    #[serde(default)]
+    pub learning: bool,
+}
+
+/// The runtime noise every run had before the setting came (about 10%).
+fn default_runtime_noise() -> f64 {
+    0.1
+}
+
+impl Default for EstimateTruth {
+    fn default() -> Self {
+        Self {
+            device_bias: 0.0,
+            runtime_noise: default_runtime_noise(),
+            learning: false,
+        }
+    }
 }
 
 impl Default for SimConfig {
@@ -173,6 +212,7 @@ impl Default for SimConfig {
             heuristic: crate::policy::HeuristicTuning::default(),
             warm_up_s: 0.0,
             scenario: None,
+            estimates: EstimateTruth::default(),
             models: Vec::new(),
         }
     }
@@ -254,6 +294,10 @@ impl SimConfig {
         }
         if self.max_attempts == 0 {
             return invalid("max_attempts must be at least 1");
+        }
+        let spread = |sigma: f64| sigma.is_finite() && (0.0..=2.0).contains(&sigma);
+        if !spread(self.estimates.device_bias) || !spread(self.estimates.runtime_noise) {
+            return invalid("device_bias and runtime_noise must be in [0, 2]");
         }
         if !(self.warm_up_s.is_finite()
             && self.warm_up_s >= 0.0

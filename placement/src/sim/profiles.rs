@@ -137,6 +137,7 @@ impl DeviceProfile {
                 committed_joules: 0.0,
                 power_level: top,
             },
+            corrections: Default::default(),
         }
     }
 }

@@ -37,6 +37,11 @@ pub(crate) struct Environment {
     pub end_ms: f64,
     /// Seed of the execution-noise hash.
     pub noise_seed: u64,
+    /// Spread of the execution noise (σ of its logarithm).
+    pub noise_sigma: f64,
+    /// Each node's hidden speed bias: its work takes this many times what
+    /// the model estimates (1: as declared).
+    pub bias: Vec<f64>,
 }
 
 /// Work one node gets through per second, in reference seconds, when busy with
@@ -303,6 +308,12 @@ impl Environment {
             }
             links.push(tick);
         }
+        // The devices' hidden bias, from a stream of its own: the other
+        // streams, and so every run without a bias, are as they were.
+        let mut bias_rng = stream(4);
+        let bias = (0..nodes.len())
+            .map(|_| (config.estimates.device_bias * normal(&mut bias_rng)).exp())
+            .collect();
         Ok(Environment {
             nodes,
             joules_per_byte,
@@ -314,6 +325,8 @@ impl Environment {
             mobility_period_ms,
             end_ms,
             noise_seed: config.seed ^ 0x006e_6f69_7365,
+            noise_sigma: config.estimates.runtime_noise.max(0.0),
+            bias,
         })
     }
 
@@ -337,7 +350,13 @@ impl Environment {
         let u1 = ((next() >> 11) as f64 + 1.0) / (1u64 << 53) as f64;
         let u2 = (next() >> 11) as f64 / (1u64 << 53) as f64;
         let z = (-2.0 * u1.ln()).sqrt() * (2.0 * core::f64::consts::PI * u2).cos();
-        (0.1 * z).exp()
+        (self.noise_sigma * z).exp()
+    }
+
+    /// How many times its modelled run time a node's work takes (hidden from
+    /// the policies).
+    pub fn bias(&self, node: usize) -> f64 {
+        self.bias.get(node).copied().unwrap_or(1.0)
     }
 
     /// The link of a node at a time.
@@ -479,6 +498,8 @@ fn random_task(
             device_kind,
             fp64: false,
         },
+        // Tasks of one type run one artifact.
+        artifact: crate::model::correction::artifact_key(spec.name.as_bytes()),
     }
 }
 

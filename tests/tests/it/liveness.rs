@@ -9,8 +9,8 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use starling_proto::{
-    encode, Capability, Channel, CpuInfo, LinkState, NodeId, NodeState, ReportChannel, Runtime,
-    SignedReport, Status, Telemetry, Topics, PROTOCOL_VERSION,
+    encode, Capability, Channel, CpuInfo, NodeId, NodeState, ReportChannel, Runtime, SignedReport,
+    Status, Telemetry, Topics, PROTOCOL_VERSION,
 };
 use starling_tests::{modules, wasm_file, Agent, Coordinator, Mosquitto, Store};
 
@@ -42,25 +42,8 @@ pub(crate) fn telemetry(node: &str, seq: u64, uptime_ms: u64) -> Telemetry {
 /// Telemetry that lists no attempt, saying its list is `complete` or not.
 fn telemetry_listing(node: &str, seq: u64, uptime_ms: u64, complete: bool) -> Telemetry {
     Telemetry {
-        v: PROTOCOL_VERSION,
-        node_id: NodeId::new(node).unwrap(),
-        seq,
-        uptime_ms,
-        cpu_load: 0.0,
-        free_memory_bytes: 4 << 30,
-        io_read_bps: 0,
-        io_write_bps: 0,
-        link: LinkState {
-            rtt_ms: None,
-            bandwidth_mbps: None,
-            loss: None,
-        },
-        running_tasks: 0,
-        queued_tasks: 0,
-        power_level: 0,
-        energy_joules: 0.0,
-        attempts: Default::default(),
         attempts_complete: complete,
+        ..starling_proto::fixtures::telemetry(node, seq, uptime_ms)
     }
 }
 
@@ -241,26 +224,14 @@ impl HollowNode {
         let mut signer = Signer::enroll(coordinator, node);
         let topics = Topics::default();
         let mut capability = Capability {
-            v: PROTOCOL_VERSION,
-            node_id: id.clone(),
-            agent_version: "0.1.0".try_into().unwrap(),
-            arch: "x86_64".try_into().unwrap(),
-            os: "linux".try_into().unwrap(),
             cpu: CpuInfo {
                 model: "hollow".try_into().unwrap(),
                 cores,
                 min_mhz: 800,
                 max_mhz: 3000,
             },
-            memory_bytes: 8 << 30,
-            gpus: Default::default(),
-            disks: Default::default(),
-            interfaces: Default::default(),
-            labels: Default::default(),
             runtimes: Default::default(),
-            power_levels: Default::default(),
-            power_control: Default::default(),
-            wasm: Default::default(),
+            ..starling_proto::fixtures::capability(node)
         };
         // A flooding node runs nothing, so that no task goes to it: its
         // flood is all it does.

@@ -19,6 +19,7 @@ mod bridges;
 mod ci;
 mod console;
 mod end_to_end;
+mod estimates;
 mod events;
 mod faults;
 mod federation;

@@ -27,14 +27,9 @@ fn leads(coordinator: &Coordinator) -> bool {
     health(coordinator).is_some_and(|h| h["leader"] == true)
 }
 
-/// Waits for `done`, polling every 50 ms; panics with `what` after `timeout`.
-fn wait(timeout: Duration, what: &str, mut done: impl FnMut() -> bool) -> Duration {
-    let start = Instant::now();
-    while !done() {
-        assert!(start.elapsed() < timeout, "{what}: not within {timeout:?}");
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    start.elapsed()
+/// Waits for `done` (see [`starling_tests::wait_until`]).
+fn wait(timeout: Duration, what: &str, done: impl FnMut() -> bool) -> Duration {
+    starling_tests::wait_until(timeout, what, done)
 }
 
 fn signal(pid: u32, signal: &str) {

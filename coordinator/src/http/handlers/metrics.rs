@@ -24,6 +24,7 @@ pub(crate) const SERIES: &[&str] = &[
     "starling_tasks",
     "starling_queue_length",
     "starling_placement_decision_seconds",
+    "starling_estimate_error_ratio",
     "starling_event_stream_clients",
     "starling_ingest_backlog",
     "starling_ingest_lag_milliseconds",
@@ -382,6 +383,12 @@ pub(crate) async fn metrics(State(shared): State<Arc<Shared>>) -> Result<Respons
         "starling_placement_decision_seconds",
         "Time the placement policy took to decide one scheduling round (every pending task in the round's window), seconds.",
         &counters.placement_decisions.snapshot(),
+    );
+    histogram(
+        &mut text,
+        "starling_estimate_error_ratio",
+        "Finished attempts by their run time as measured by the node over the run time placement expected (its model times what the node's earlier attempts taught it): 1 is exact, 2 twice as long. The sum is the ratios' total.",
+        &counters.estimate_errors.snapshot(),
     );
     Ok(([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text).into_response())
 }

@@ -112,57 +112,17 @@ async fn drive(
 }
 
 pub fn capability(id: &str) -> Capability {
-    let mut capability = Capability {
-        v: starling_proto::PROTOCOL_VERSION,
-        node_id: NodeId::new(id).unwrap(),
-        agent_version: "0.1.0".try_into().unwrap(),
-        arch: "x86_64".try_into().unwrap(),
-        os: "linux".try_into().unwrap(),
-        cpu: CpuInfo {
-            model: "test cpu".try_into().unwrap(),
-            cores: 4,
-            min_mhz: 800,
-            max_mhz: 3000,
-        },
-        memory_bytes: 8 << 30,
-        gpus: Default::default(),
-        disks: Default::default(),
-        interfaces: Default::default(),
-        labels: Default::default(),
-        runtimes: Default::default(),
-        power_levels: Default::default(),
-        power_control: Default::default(),
-        wasm: Default::default(),
-    };
-    capability
-        .runtimes
-        .push(starling_proto::Runtime::Wasm)
-        .unwrap();
-    capability
+    starling_proto::fixtures::capability(id)
 }
 
 pub fn telemetry(id: &str, seq: u64) -> Telemetry {
-    Telemetry {
-        v: starling_proto::PROTOCOL_VERSION,
-        node_id: NodeId::new(id).unwrap(),
-        seq,
-        uptime_ms: seq * 1000,
+    let mut telemetry = Telemetry {
         cpu_load: 0.5,
-        free_memory_bytes: 4 << 30,
-        io_read_bps: 0,
-        io_write_bps: 0,
-        link: LinkState {
-            rtt_ms: Some(1.0),
-            bandwidth_mbps: None,
-            loss: None,
-        },
-        running_tasks: 0,
-        queued_tasks: 0,
-        power_level: 0,
         energy_joules: 1.5,
-        attempts: Default::default(),
-        attempts_complete: false,
-    }
+        ..starling_proto::fixtures::telemetry(id, seq, seq * 1000)
+    };
+    telemetry.link.rtt_ms = Some(1.0);
+    telemetry
 }
 
 pub fn status(id: &str, state: NodeState) -> Status {

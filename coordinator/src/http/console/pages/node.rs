@@ -10,6 +10,7 @@ use axum::response::{IntoResponse, Redirect, Response};
 use axum::Extension;
 use maud::{html, Markup};
 use starling_api::Role;
+use starling_placement::TaskClass;
 use starling_proto::NodeId;
 
 use super::super::fragments::{
@@ -71,6 +72,42 @@ pub(crate) fn node_view(shared: &Shared, id: &str) -> Option<(NodeView, NodeEntr
         shared.console.history.samples(id),
     );
     Some((view, entry))
+}
+
+/// How this node's run times stood against placement's estimates: per
+/// class of work, the factor its finished attempts taught (measured), or
+/// the model alone where none has finished yet.
+fn estimates(entry: &NodeEntry) -> Markup {
+    let corrections = &entry.corrections;
+    let learned_artifacts = corrections
+        .by_artifact
+        .iter()
+        .filter(|(_, correction)| correction.samples > 0)
+        .count();
+    html! {
+        section #estimates {
+            h2 { "Run-time estimates" }
+            table {
+                thead { tr { th { "Work" } th.num { "Observed ÷ modelled" } th.num { "Attempts" } th { "Estimates use" } } }
+                tbody {
+                    @for (class, correction) in TaskClass::ALL.iter().zip(&corrections.by_class) {
+                        tr {
+                            td { (class.as_str()) }
+                            @if correction.samples > 0 {
+                                td.num { (format!("{:.2}", correction.factor())) }
+                                td.num { (correction.samples) }
+                                td { "measured: the model × this factor" }
+                            } @else {
+                                td.num { "–" } td.num { "0" } td.muted { "the model alone (nothing finished here yet)" }
+                            }
+                        }
+                    }
+                }
+            }
+            p.muted { (learned_artifacts) " artifacts have a factor of their own here; "
+                (entry.expected.len()) " attempts placed here are awaited." }
+        }
+    }
 }
 
 fn capability(entry: &NodeEntry) -> Markup {
@@ -221,6 +258,7 @@ pub(crate) async fn node(
                 }
             }
         }
+        (estimates(&entry))
         (capability(&entry))
     };
     Ok(respond(
