@@ -121,50 +121,65 @@ pub(crate) struct DecisionTimes {
     sum_ns: AtomicU64,
 }
 
-/// A reading of [`DecisionTimes`] for the Prometheus text.
+/// A reading of a histogram ([`DecisionTimes`], [`EstimateErrors`]) for
+/// the Prometheus text.
 #[derive(Debug, Clone, PartialEq)]
-pub(crate) struct DecisionTimesSnapshot {
-    /// `(upper bound, rounds at or under it)`, cumulative, without `+Inf`.
+pub(crate) struct HistogramSnapshot {
+    /// `(upper bound, observations at or under it)`, cumulative, without `+Inf`.
     pub(crate) buckets: Vec<(f64, u64)>,
-    /// Every round: the `+Inf` bucket and `_count`.
+    /// Every observation: the `+Inf` bucket and `_count`.
     pub(crate) count: u64,
-    /// Total seconds.
-    pub(crate) sum_s: f64,
+    /// The observations' total (seconds, or ratios).
+    pub(crate) sum: f64,
 }
 
 impl DecisionTimes {
     /// Records one round's decision time.
     pub(crate) fn observe(&self, elapsed: Duration) {
-        let seconds = elapsed.as_secs_f64();
-        let slot = DECISION_BUCKETS_S
-            .iter()
-            .position(|bound| seconds <= *bound)
-            .unwrap_or(DECISION_BUCKETS_S.len());
-        if let Some(bucket) = self.buckets.get(slot) {
-            bucket.fetch_add(1, Ordering::Relaxed);
-        }
+        count_in(&self.buckets, &DECISION_BUCKETS_S, elapsed.as_secs_f64());
         let nanos = u64::try_from(elapsed.as_nanos()).unwrap_or(u64::MAX);
         self.sum_ns.fetch_add(nanos, Ordering::Relaxed);
     }
 
     /// The histogram now. The count is the buckets' total, so `+Inf` and
     /// `_count` agree even while a round is being recorded.
-    pub(crate) fn snapshot(&self) -> DecisionTimesSnapshot {
-        let mut total = 0_u64;
-        let mut buckets = Vec::with_capacity(DECISION_BUCKETS_S.len());
-        for (bound, bucket) in DECISION_BUCKETS_S.iter().zip(&self.buckets) {
-            total = total.saturating_add(bucket.load(Ordering::Relaxed));
-            buckets.push((*bound, total));
-        }
-        let above = self
-            .buckets
-            .last()
-            .map_or(0, |bucket| bucket.load(Ordering::Relaxed));
-        DecisionTimesSnapshot {
-            buckets,
-            count: total.saturating_add(above),
-            sum_s: self.sum_ns.load(Ordering::Relaxed) as f64 / 1e9,
-        }
+    pub(crate) fn snapshot(&self) -> HistogramSnapshot {
+        cumulative(
+            &self.buckets,
+            &DECISION_BUCKETS_S,
+            self.sum_ns.load(Ordering::Relaxed) as f64 / 1e9,
+        )
+    }
+}
+
+/// Counts `value` in the first of `buckets` whose bound in `bounds` it does
+/// not pass (the slot after the last bound when it passes them all).
+fn count_in(buckets: &[AtomicU64], bounds: &[f64], value: f64) {
+    let slot = bounds
+        .iter()
+        .position(|bound| value <= *bound)
+        .unwrap_or(bounds.len());
+    if let Some(bucket) = buckets.get(slot) {
+        bucket.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+/// A histogram's buckets as Prometheus has them: cumulative by bound, the
+/// count (every bucket, the one above the bounds included) and `sum`.
+fn cumulative(buckets: &[AtomicU64], bounds: &[f64], sum: f64) -> HistogramSnapshot {
+    let mut total = 0_u64;
+    let mut cumulative = Vec::with_capacity(bounds.len());
+    for (bound, bucket) in bounds.iter().zip(buckets) {
+        total = total.saturating_add(bucket.load(Ordering::Relaxed));
+        cumulative.push((*bound, total));
+    }
+    let above = buckets
+        .get(bounds.len())
+        .map_or(0, |bucket| bucket.load(Ordering::Relaxed));
+    HistogramSnapshot {
+        buckets: cumulative,
+        count: total.saturating_add(above),
+        sum,
     }
 }
 
@@ -192,35 +207,19 @@ impl EstimateErrors {
             return;
         }
         let ratio = observed_s / predicted_s;
-        let slot = ERROR_RATIO_BUCKETS
-            .iter()
-            .position(|bound| ratio <= *bound)
-            .unwrap_or(ERROR_RATIO_BUCKETS.len());
-        if let Some(bucket) = self.buckets.get(slot) {
-            bucket.fetch_add(1, Ordering::Relaxed);
-        }
+        count_in(&self.buckets, &ERROR_RATIO_BUCKETS, ratio);
         // Saturating: a ratio past 18 trillion is not a number anyone reads.
         self.sum_millionths
             .fetch_add((ratio * 1e6).min(u64::MAX as f64) as u64, Ordering::Relaxed);
     }
 
     /// The histogram now, in the shape `/metrics` writes.
-    pub(crate) fn snapshot(&self) -> DecisionTimesSnapshot {
-        let mut total = 0_u64;
-        let mut buckets = Vec::with_capacity(ERROR_RATIO_BUCKETS.len());
-        for (bound, bucket) in ERROR_RATIO_BUCKETS.iter().zip(&self.buckets) {
-            total = total.saturating_add(bucket.load(Ordering::Relaxed));
-            buckets.push((*bound, total));
-        }
-        let above = self
-            .buckets
-            .last()
-            .map_or(0, |bucket| bucket.load(Ordering::Relaxed));
-        DecisionTimesSnapshot {
-            buckets,
-            count: total.saturating_add(above),
-            sum_s: self.sum_millionths.load(Ordering::Relaxed) as f64 / 1e6,
-        }
+    pub(crate) fn snapshot(&self) -> HistogramSnapshot {
+        cumulative(
+            &self.buckets,
+            &ERROR_RATIO_BUCKETS,
+            self.sum_millionths.load(Ordering::Relaxed) as f64 / 1e6,
+        )
     }
 }
 
@@ -249,7 +248,7 @@ mod tests {
         assert_eq!(at(1.05), 1);
         assert_eq!(at(2.0), 1);
         assert_eq!(at(4.0), 2);
-        assert!((snapshot.sum_s - 15.0).abs() < 1e-6, "{}", snapshot.sum_s);
+        assert!((snapshot.sum - 15.0).abs() < 1e-6, "{}", snapshot.sum);
     }
     use super::*;
 
@@ -276,11 +275,7 @@ mod tests {
         assert_eq!(at(0.002_5), 2);
         assert_eq!(at(0.005), 3);
         assert_eq!(at(2.5), 3, "10 s is only in +Inf");
-        assert!(
-            (snapshot.sum_s - 10.003_13).abs() < 1e-9,
-            "{}",
-            snapshot.sum_s
-        );
+        assert!((snapshot.sum - 10.003_13).abs() < 1e-9, "{}", snapshot.sum);
         assert!(snapshot
             .buckets
             .windows(2)

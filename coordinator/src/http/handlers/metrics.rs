@@ -10,7 +10,7 @@ use axum::http::header;
 use axum::response::{IntoResponse, Response};
 use starling_api::{ApiError, TaskStatus};
 
-use crate::counters::DecisionTimesSnapshot;
+use crate::counters::HistogramSnapshot;
 use crate::http::error::HttpError;
 use crate::http::Shared;
 
@@ -395,7 +395,7 @@ pub(crate) async fn metrics(State(shared): State<Arc<Shared>>) -> Result<Respons
 
 /// Writes a histogram in the Prometheus text format: cumulative buckets by
 /// upper bound, `+Inf`, the sum and the count.
-fn histogram(text: &mut String, name: &str, help: &str, snapshot: &DecisionTimesSnapshot) {
+fn histogram(text: &mut String, name: &str, help: &str, snapshot: &HistogramSnapshot) {
     use std::fmt::Write as _;
     debug_assert!(SERIES.contains(&name), "{name} is missing from SERIES");
     // Writing to a String cannot fail.
@@ -407,7 +407,7 @@ fn histogram(text: &mut String, name: &str, help: &str, snapshot: &DecisionTimes
         text,
         "{name}_bucket{{le=\"+Inf\"}} {count}\n{name}_sum {sum}\n{name}_count {count}",
         count = snapshot.count,
-        sum = snapshot.sum_s
+        sum = snapshot.sum
     );
 }
 
