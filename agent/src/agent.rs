@@ -28,8 +28,8 @@
 //! subscriptions are renewed on every CONNACK.
 
 use std::future::Future;
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use rumqttc::{
@@ -50,6 +50,7 @@ use crate::artifact::{ArtifactStore, OpenStoreError};
 use crate::caps::TaskCaps;
 use crate::config::{AgentConfig, ConfigError};
 use crate::journal::{Journal, JournalError, JournalLimits};
+use crate::link::LinkTracker;
 use crate::power::PowerLevels;
 use crate::probe::{add_opencl, probe_opencl, probe_power, probe_with_power, ProbeError};
 use crate::report_key::{ReportKeyError, ReportSealer};
@@ -154,59 +155,6 @@ fn unix_ms() -> u64 {
         .unwrap_or(0)
 }
 
-/// Round-trip time toward the broker, from MQTT pings (and the first connect).
-#[derive(Debug, Default)]
-struct LinkTracker {
-    ping_sent: Mutex<Option<Instant>>,
-    /// The last RTT in milliseconds as f32 bits; `u32::MAX` when unmeasured.
-    rtt_bits: AtomicU32,
-}
-
-impl LinkTracker {
-    fn new(initial: Option<Duration>) -> Self {
-        let tracker = Self {
-            ping_sent: Mutex::new(None),
-            rtt_bits: AtomicU32::new(u32::MAX),
-        };
-        if let Some(rtt) = initial {
-            tracker.record(rtt);
-        }
-        tracker
-    }
-
-    fn record(&self, rtt: Duration) {
-        let ms = rtt.as_secs_f32() * 1000.0;
-        self.rtt_bits.store(ms.to_bits(), Ordering::Relaxed);
-    }
-
-    fn ping(&self) {
-        *self
-            .ping_sent
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner) = Some(Instant::now());
-    }
-
-    fn pong(&self) {
-        if let Some(sent) = self
-            .ping_sent
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .take()
-        {
-            self.record(sent.elapsed());
-        }
-    }
-
-    fn state(&self) -> LinkState {
-        let bits = self.rtt_bits.load(Ordering::Relaxed);
-        LinkState {
-            rtt_ms: (bits != u32::MAX).then(|| f32::from_bits(bits)),
-            bandwidth_mbps: None,
-            loss: None,
-        }
-    }
-}
-
 /// Where a node's reports and tasks come from, besides its configuration:
 /// probed from the host by [`run`], built from a device profile by the swarm
 /// (`crate::swarm`). Everything else (the MQTT connection, session, journal,
@@ -282,10 +230,21 @@ pub async fn run(
         config.coordinator_ca_file.as_deref(),
     )?;
     let executor = Arc::new(WasmExecutor::with_policy(config.allowed_grants)?);
-    let telemetry = Box::new(TelemetrySampler::new(
-        node_id,
-        capability.power_levels.to_vec(),
-    ));
+    // The CPU's speed through the engine tasks run on (some 150 ms of one
+    // core, off the async threads).
+    let calibrating = Arc::clone(&executor);
+    let sysfs_root = config.sysfs_root.clone();
+    let declared_speed = config.declared_cpu_speed;
+    let capability = tokio::task::spawn_blocking(move || {
+        crate::calibrate::measure_cpu(&mut capability, &calibrating, &sysfs_root, declared_speed);
+        capability
+    })
+    .await
+    .map_err(|e| AgentError::Internal(format!("the calibration thread failed: {e}")))?;
+    let telemetry = Box::new(
+        TelemetrySampler::new(node_id, capability.power_levels.to_vec())
+            .with_sensors(&config.sysfs_root),
+    );
     let setup = NodeSetup {
         capability,
         executor,
@@ -435,6 +394,8 @@ pub async fn run_node(
         .last()
         .map(|level| level.level)
         .unwrap_or(0);
+    // The downloads' bandwidth, for telemetry (the store measures them).
+    let throughput = artifacts.throughput();
     let runner = Arc::new(
         Runner::new(
             node_id.clone(),
@@ -494,7 +455,7 @@ pub async fn run_node(
             }
             _ = journal_retry.tick(), if !io.unjournaled.is_empty() => io.retry_unjournaled().await,
             _ = telemetry_timer.tick() => {
-                let mut telemetry = telemetry.sample(counters.snapshot(), runner.power_level(), link.state());
+                let mut telemetry = telemetry.sample(counters.snapshot(), runner.power_level(), link.state(&throughput));
                 io.session.list_attempts(&mut telemetry);
                 match io.session.telemetry(&telemetry).and_then(|outgoing| sealer.seal(outgoing)) {
                     // Never wait for room: while the broker is unreachable the
@@ -967,8 +928,8 @@ async fn drive_connection(
                     return;
                 }
             }
-            Ok(Event::Incoming(Packet::PingResp)) => link.pong(),
-            Ok(Event::Outgoing(MqttOutgoing::PingReq)) => link.ping(),
+            Ok(Event::Incoming(Packet::PingResp)) => link.pong(Instant::now()),
+            Ok(Event::Outgoing(MqttOutgoing::PingReq)) => link.ping(Instant::now()),
             Ok(Event::Outgoing(MqttOutgoing::Disconnect)) => return,
             Ok(_) => {}
             Err(error) => {
@@ -977,6 +938,7 @@ async fn drive_connection(
                 }
                 connected = false;
                 online.send_replace(false);
+                link.connection_lost();
                 let lost = reconnect.brokers.url().to_owned();
                 // The next broker of the list (the same one when there is
                 // only one), with a will sealed afresh.

@@ -5,10 +5,13 @@
 //! rather than run.
 
 use std::path::{Path, PathBuf};
-use std::time::Duration;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use sha2::{Digest as _, Sha256};
 use starling_proto::{Digest, FailureReason};
+
+use crate::link::Throughput;
 
 /// Why a module could not be obtained.
 #[derive(Debug, thiserror::Error)]
@@ -105,6 +108,9 @@ pub struct ArtifactStore {
     directory: PathBuf,
     http: reqwest::Client,
     max_bytes: u64,
+    /// The downloads' smoothed bandwidth: what the node's link toward the
+    /// coordinator carries (telemetry reports it).
+    throughput: Arc<Throughput>,
 }
 
 impl ArtifactStore {
@@ -135,7 +141,13 @@ impl ArtifactStore {
             directory,
             http,
             max_bytes,
+            throughput: Arc::default(),
         })
+    }
+
+    /// The bandwidth its downloads measured, shared with every clone.
+    pub fn throughput(&self) -> Arc<Throughput> {
+        Arc::clone(&self.throughput)
     }
 
     /// Where a module with this digest is cached.
@@ -185,6 +197,7 @@ impl ArtifactStore {
             url: url.to_owned(),
             detail: error_chain(&e),
         };
+        let started = Instant::now();
         let mut response = self.http.get(url).send().await.map_err(transport)?;
         let status = response.status();
         if status == reqwest::StatusCode::NOT_FOUND {
@@ -215,6 +228,8 @@ impl ArtifactStore {
             }
             bytes.extend_from_slice(&chunk);
         }
+        self.throughput
+            .record(bytes.len() as u64, started.elapsed());
         Ok(bytes)
     }
 

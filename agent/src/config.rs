@@ -39,10 +39,15 @@ pub struct AgentConfig {
     pub topic_prefix: String,
     /// How many tasks run at once; more are queued.
     pub max_tasks: usize,
-    /// Measure the data dir's disk with a short sequential write and read at start.
+    /// Measure the data dir's disk with a short sequential write, fsync and
+    /// read at start (on by default; [`crate::probe::IO_PROBE_BYTES`]).
     pub measure_io: bool,
     /// Disk rates the operator declares for the data dir's disk, in MB/s (read, write).
     pub declared_io_mbps: Option<(f32, f32)>,
+    /// One core's speed relative to placement's reference core, as the
+    /// operator declares it; the agent then does not calibrate (the
+    /// capability says `operator`).
+    pub declared_cpu_speed: Option<f32>,
     /// MQTT keep-alive; pings double as round-trip measurements toward the broker.
     pub keep_alive: Duration,
     /// Largest module the agent downloads, in bytes.
@@ -107,8 +112,9 @@ impl Default for AgentConfig {
             max_tasks: std::thread::available_parallelism()
                 .map(usize::from)
                 .unwrap_or(1),
-            measure_io: false,
+            measure_io: true,
             declared_io_mbps: None,
+            declared_cpu_speed: None,
             keep_alive: Duration::from_secs(5),
             max_artifact_bytes: 64 * 1024 * 1024,
             opencl: true,
@@ -245,6 +251,8 @@ pub struct ConfigLayer {
     pub measure_io: Option<bool>,
     /// See [`AgentConfig::declared_io_mbps`].
     pub declared_io_mbps: Option<(f32, f32)>,
+    /// See [`AgentConfig::declared_cpu_speed`].
+    pub declared_cpu_speed: Option<f32>,
     /// See [`AgentConfig::keep_alive`].
     pub keep_alive: Option<Duration>,
     /// See [`AgentConfig::max_artifact_bytes`].
@@ -302,6 +310,7 @@ struct FileConfig {
     measure_io: Option<bool>,
     disk_read_mbps: Option<f32>,
     disk_write_mbps: Option<f32>,
+    cpu_speed: Option<f32>,
     keep_alive: Option<String>,
     max_artifact_bytes: Option<u64>,
     opencl: Option<bool>,
@@ -387,6 +396,7 @@ impl ConfigLayer {
             max_tasks: file.max_tasks,
             measure_io: file.measure_io,
             declared_io_mbps,
+            declared_cpu_speed: file.cpu_speed,
             keep_alive: file.keep_alive.as_deref().map(parse_duration).transpose()?,
             max_artifact_bytes: file.max_artifact_bytes,
             opencl: file.opencl,
@@ -451,6 +461,8 @@ impl AgentConfig {
             max_tasks: first(layers, |l| &l.max_tasks).unwrap_or(defaults.max_tasks),
             measure_io: first(layers, |l| &l.measure_io).unwrap_or(defaults.measure_io),
             declared_io_mbps: first(layers, |l| &l.declared_io_mbps).or(defaults.declared_io_mbps),
+            declared_cpu_speed: first(layers, |l| &l.declared_cpu_speed)
+                .or(defaults.declared_cpu_speed),
             keep_alive: first(layers, |l| &l.keep_alive).unwrap_or(defaults.keep_alive),
             max_artifact_bytes: first(layers, |l| &l.max_artifact_bytes)
                 .unwrap_or(defaults.max_artifact_bytes),
@@ -518,6 +530,14 @@ impl AgentConfig {
                 return Err(ConfigError::OutOfRange {
                     setting: "disk-read-mbps and disk-write-mbps",
                     requirement: "non-negative numbers",
+                });
+            }
+        }
+        if let Some(speed) = self.declared_cpu_speed {
+            if !(speed.is_finite() && speed > 0.0) {
+                return Err(ConfigError::OutOfRange {
+                    setting: "cpu-speed",
+                    requirement: "a number above 0 (1.0 is the reference core)",
                 });
             }
         }

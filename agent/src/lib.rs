@@ -15,17 +15,20 @@
 
 pub mod agent;
 pub mod artifact;
+pub mod calibrate;
 pub mod caps;
 pub mod config;
 pub mod enroll;
 pub mod join;
 pub mod journal;
+pub mod link;
 pub mod power;
 mod precompiled;
 pub mod private_file;
 pub mod probe;
 pub mod report_key;
 pub mod runner;
+pub mod sensors;
 pub mod session;
 pub mod swarm;
 pub mod telemetry;

@@ -19,8 +19,8 @@ Examples:
       Serve tasks from the broker at 10.0.0.2, with two placement labels.
   STARLING_BROKER=mqtt://broker:1883 starling-agent run --config /etc/starling/agent.toml
       Settings come from flags, then STARLING_* variables, then the file, then defaults.
-  starling-agent run --measure-io --max-tasks 2 --telemetry-interval 500ms
-      Measure the data directory's disk at start, run two tasks at once, report twice a second.
+  starling-agent run --measure-io false --max-tasks 2 --telemetry-interval 500ms
+      Skip the data directory's disk probe at start, run two tasks at once, report twice a second.
   starling-agent run --broker mqtts://10.0.0.2:8883 --mqtt-ca-file ca.pem \\
       --coordinator-url http://10.0.0.2:8080 --join-token $(starling token create)
       Enroll once with a join token (credentials are kept in <data-dir>/credentials.json,
@@ -42,6 +42,7 @@ Config file (TOML; every key optional):
   max-tasks = 4
   disk-read-mbps = 90.0
   disk-write-mbps = 40.0
+  cpu-speed = 0.35               # declare one core's speed instead of measuring it at start
   opencl = true                  # look for OpenCL devices (through starling-opencl-worker)
   coordinator-url = \"http://10.0.0.2:8080\"   # where to enroll
   mqtt-ca-file = \"/etc/starling/ca.pem\"      # for mqtts:// brokers
@@ -211,7 +212,8 @@ struct Settings {
     /// Where sysfs is, for cpufreq (tests give a directory shaped like /sys).
     #[arg(long, hide = true, value_name = "DIR")]
     sysfs_root: Option<PathBuf>,
-    /// Measure the data directory's disk with a short write and read at start.
+    /// Measure the data directory's disk with a short write, fsync and read at start
+    /// (on by default; `--measure-io false` leaves its rates unknown).
     #[arg(long, env = "STARLING_MEASURE_IO", num_args = 0..=1, default_missing_value = "true",
           value_name = "BOOL")]
     measure_io: Option<bool>,
@@ -221,6 +223,10 @@ struct Settings {
     /// Declared sequential write rate of the data directory's disk, in MB/s.
     #[arg(long, env = "STARLING_DISK_WRITE_MBPS", value_name = "MB/S")]
     disk_write_mbps: Option<f32>,
+    /// Declared speed of one core relative to the reference core (1.0: a 3 GHz x86
+    /// core); skips the calibration at start [default: measured at start].
+    #[arg(long, env = "STARLING_CPU_SPEED", value_name = "SPEED")]
+    cpu_speed: Option<f32>,
     /// Look for OpenCL devices and run OpenCL tasks [default: true].
     #[arg(long, env = "STARLING_OPENCL", value_name = "BOOL")]
     opencl: Option<bool>,
@@ -345,6 +351,7 @@ impl Settings {
                 (None, None) => None,
                 (read, write) => Some((read.unwrap_or(0.0), write.unwrap_or(0.0))),
             },
+            declared_cpu_speed: self.cpu_speed,
             opencl: self.opencl,
             opencl_worker: self.opencl_worker.clone(),
             coordinator_url: self.coordinator_url.clone(),
@@ -440,6 +447,13 @@ fn execute(cli: Cli) -> anyhow::Result<()> {
         Command::Probe(settings) => {
             let config = settings.resolve(None)?;
             let mut capability = starling_agent::probe(&config)?;
+            let executor = starling_agent::wasm::WasmExecutor::new()?;
+            starling_agent::calibrate::measure_cpu(
+                &mut capability,
+                &executor,
+                &config.sysfs_root,
+                config.declared_cpu_speed,
+            );
             let runtime = tokio::runtime::Builder::new_current_thread()
                 .enable_all()
                 .build()

@@ -40,7 +40,7 @@ pub enum ProbeError {
     },
     /// The disk measurement failed.
     #[error(
-        "cannot measure disk I/O in {path}: {source}; drop --measure-io or fix the data directory"
+        "cannot measure disk I/O in {path}: {source}; pass --measure-io false or fix the data directory"
     )]
     MeasureIo {
         /// The file used for the measurement.
@@ -50,7 +50,8 @@ pub enum ProbeError {
     },
 }
 
-/// Bytes written and read back by `--measure-io`.
+/// Bytes written, synced and read back by the disk probe (`--measure-io`,
+/// on by default): under a second on an SD card, far less on anything faster.
 pub const IO_PROBE_BYTES: usize = 8 * 1024 * 1024;
 
 /// How this node controls power: through cpufreq when its policies under
@@ -130,8 +131,15 @@ pub fn probe_with_power(
     let data_dir_rate = if let Some((read, write)) = config.declared_io_mbps {
         Some((read, write, RateSource::Declared))
     } else if config.measure_io {
-        let (read, write) = measure_io(&config.data_dir)?;
-        Some((read, write, RateSource::Measured))
+        // On by default: a disk the probe cannot write (a full or read-only
+        // one) leaves the rates unknown rather than the agent down.
+        match measure_io(&config.data_dir) {
+            Ok((read, write)) => Some((read, write, RateSource::Measured)),
+            Err(error) => {
+                tracing::warn!(%error, "the disk's rates are left unknown");
+                None
+            }
+        }
     } else {
         None
     };
@@ -220,6 +228,8 @@ fn cpu_info() -> CpuInfo {
         cores: u16::try_from(cores).unwrap_or(u16::MAX),
         min_mhz,
         max_mhz,
+        speed: None,
+        speed_source: Default::default(),
     }
 }
 
@@ -244,6 +254,7 @@ pub fn power_level(level: u8, name: &str, speed_factor: f32, cores: u16) -> Powe
         speed_factor,
         idle_watts,
         active_watts,
+        source: Default::default(),
     }
 }
 
@@ -525,10 +536,19 @@ mod tests {
             .power_levels
             .iter()
             .all(|l| l.active_watts > l.idle_watts && l.idle_watts > 0.0));
+        // The data directory's disk is measured by default, the others not.
+        assert!(
+            capability
+                .disks
+                .iter()
+                .filter(|d| d.rate_source == RateSource::Measured)
+                .count()
+                <= 1
+        );
         assert!(capability
             .disks
             .iter()
-            .all(|d| d.rate_source == RateSource::Unknown));
+            .all(|d| d.rate_source != RateSource::Declared));
         let bytes = starling_proto::encode(&capability).unwrap();
         let back: Capability = starling_proto::decode(&bytes).unwrap();
         assert_eq!(back, capability);

@@ -1,11 +1,16 @@
 //! Periodic load reports: CPU load, free memory, disk I/O rates from
 //! `/proc/diskstats` deltas, the link toward the broker, task counts, the
-//! power level in force and an energy estimate integrated from the power
-//! model over the measured load.
+//! power level in force, the GPU's load where a sensor says it, and the
+//! energy used: the node's energy sensors' where it has them
+//! ([`crate::sensors`]), integrated from the power model over the measured
+//! load otherwise, and the report says which.
 
+use std::path::Path;
 use std::time::Instant;
 
-use starling_proto::{LinkState, NodeId, PowerLevel, Telemetry, PROTOCOL_VERSION};
+use starling_proto::{LinkState, NodeId, PowerLevel, Source, Telemetry, PROTOCOL_VERSION};
+
+use crate::sensors::{gpu_load, gpu_load_sensors, EnergyMeter, GpuLoadSensor};
 
 /// Task counts at the moment of a sample.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -32,6 +37,11 @@ pub struct TelemetrySampler {
     last_sample: Instant,
     last_disk: Option<DiskTotals>,
     energy_joules: f64,
+    /// The node's energy sensors, while they read.
+    meter: Option<EnergyMeter>,
+    /// The meter's reading when its joules were last added.
+    meter_joules: f64,
+    gpu_sensors: Vec<GpuLoadSensor>,
     seq: u64,
 }
 
@@ -61,8 +71,24 @@ impl TelemetrySampler {
             last_sample: now,
             last_disk: read_disk_totals(),
             energy_joules: 0.0,
+            meter: None,
+            meter_joules: 0.0,
+            gpu_sensors: Vec::new(),
             seq: 0,
         }
+    }
+
+    /// Reads the node's energy and GPU load sensors under `sysfs_root`
+    /// where it has them.
+    pub fn with_sensors(mut self, sysfs_root: &Path) -> Self {
+        self.meter = EnergyMeter::open(sysfs_root);
+        if let Some(meter) = &self.meter {
+            tracing::info!(sensors = ?meter.sensors(), "energy from the node's sensors");
+        } else {
+            tracing::info!("no readable energy sensor (RAPL, hwmon, power supply): energy is the power model's");
+        }
+        self.gpu_sensors = gpu_load_sensors(sysfs_root);
+        self
     }
 
     /// Samples the node now.
@@ -102,11 +128,28 @@ impl TelemetrySampler {
             self.last_disk = disk;
         }
 
-        if let Some(level) = self.level(power_level) {
-            let watts = f64::from(level.idle_watts)
-                + f64::from(level.active_watts - level.idle_watts) * f64::from(cpu_load);
-            self.energy_joules += watts * elapsed;
-        }
+        let metered = self.meter.as_mut().map(|meter| meter.read(now));
+        let energy_source = match metered {
+            Some(Some(joules)) => {
+                self.energy_joules += joules - self.meter_joules;
+                self.meter_joules = joules;
+                Source::Sensor
+            }
+            unread => {
+                if unread.is_some() {
+                    // Read before, not now (a driver unloaded): the model
+                    // from here on, never a sensor's figure that stopped.
+                    tracing::warn!("the energy sensors stopped reading; energy is the power model's from now on");
+                    self.meter = None;
+                }
+                if let Some(level) = self.level(power_level) {
+                    let watts = f64::from(level.idle_watts)
+                        + f64::from(level.active_watts - level.idle_watts) * f64::from(cpu_load);
+                    self.energy_joules += watts * elapsed;
+                }
+                Source::Model
+            }
+        };
 
         self.seq += 1;
         Telemetry {
@@ -124,6 +167,8 @@ impl TelemetrySampler {
             queued_tasks: u16::try_from(counts.queued).unwrap_or(u16::MAX),
             power_level,
             energy_joules: self.energy_joules,
+            energy_source,
+            gpu_load: gpu_load(&self.gpu_sensors),
             // The session fills these in (`Session::list_attempts`).
             attempts: Default::default(),
             attempts_complete: false,
@@ -230,5 +275,37 @@ mod tests {
         );
         assert!(second.energy_joules > first.energy_joules);
         assert_eq!(second.link.rtt_ms, Some(1.5));
+        assert_eq!(second.energy_source, Source::Model);
+        assert_eq!(second.gpu_load, None);
+    }
+
+    #[test]
+    fn a_node_with_sensors_reports_their_energy_and_gpu_load() {
+        let root = tempfile::tempdir().unwrap();
+        let write = |path: &str, value: &str| {
+            let path = root.path().join(path);
+            std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+            std::fs::write(path, value).unwrap();
+        };
+        write("class/powercap/intel-rapl:0/energy_uj", "1000000");
+        write("class/drm/card0/device/gpu_busy_percent", "40");
+        let levels = vec![power_level(0, "fixed", 1.0, 2)];
+        let mut sampler =
+            TelemetrySampler::new(NodeId::new("t").unwrap(), levels).with_sensors(root.path());
+        write("class/powercap/intel-rapl:0/energy_uj", "3500000");
+        let first = sampler.sample(TaskCounts::default(), 0, LinkState::default());
+        assert_eq!(first.energy_source, Source::Sensor);
+        assert!(
+            (first.energy_joules - 2.5).abs() < 1e-9,
+            "{}",
+            first.energy_joules
+        );
+        assert_eq!(first.gpu_load, Some(0.4));
+        // The counter gone: the model goes on from the sensor's total.
+        std::fs::remove_file(root.path().join("class/powercap/intel-rapl:0/energy_uj")).unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        let second = sampler.sample(TaskCounts::default(), 0, LinkState::default());
+        assert_eq!(second.energy_source, Source::Model);
+        assert!(second.energy_joules > first.energy_joules);
     }
 }

@@ -192,6 +192,16 @@ pub struct TelemetrySample {
     pub free_memory_bytes: u64,
     /// Round trip to the broker, ms, when the agent measured it.
     pub rtt_ms: Option<f32>,
+    /// The busiest GPU's load, 0..=1, where the node has a sensor for it.
+    #[serde(default)]
+    pub gpu_load: Option<f32>,
+    /// Energy used since the agent started, joules.
+    #[serde(default)]
+    pub energy_joules: f64,
+    /// Where `energy_joules` came from: `sensor` (the node's energy
+    /// counters) or `model` (the power model over the measured load).
+    #[serde(default)]
+    pub energy_source: String,
     /// The power level in force.
     pub power_level: u8,
     /// Tasks running.

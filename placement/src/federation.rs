@@ -244,7 +244,13 @@ fn class_capacity(
         }
         capable = true;
         let top = node.top_power_level();
-        let node_speed = 1.0 / estimate::execution_s(node, &probe, top).max(1e-9);
+        // Modelled, without what this site's nodes learned from what they
+        // ran (`model::correction`): a peer that has not run the work yet
+        // has nothing learned, and comparing its model with our learning
+        // sent everything to the sites that ran it first and nothing, ever,
+        // to one that joined later. Within a site, fleet priors settle
+        // that; between sites, both sides of the comparison are the model.
+        let node_speed = 1.0 / estimate::modelled_execution_s(node, &probe, top).max(1e-9);
         let lanes = if estimate::runs_on_gpu(node, &probe) {
             f64::from(node.gpu_devices().max(1))
         } else {
@@ -279,8 +285,8 @@ fn class_capacity(
 }
 
 /// This site's capacity figures for its digest, from the same view the policy
-/// sees: free slots per class, the speed of the fastest node with a free slot
-/// (of the fastest node when none is free) at its top power level
+/// sees: free slots per class, the modelled speed of the fastest node with a
+/// free slot (of the fastest node when none is free) at its top power level
 /// (reference-core units), the estimated wait for a slot
 /// when none is free, free slots per power band, the queue's length and
 /// tightest slack, the tasks in flight and the watts busy nodes draw.

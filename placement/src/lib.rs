@@ -30,7 +30,7 @@ pub use federation::{
 };
 pub use model::correction;
 pub use model::{
-    ClusterView, Constraints, Demand, DeviceKinds, GpuCapacity, NodeLoad, NodeView, PendingTask,
-    QueueState, TaskClass, REFERENCE_CORE_GFLOPS,
+    cpu_speed_of, ClusterView, Constraints, Demand, DeviceKinds, GpuCapacity, NodeLoad, NodeView,
+    PendingTask, QueueState, TaskClass, REFERENCE_CORE_GFLOPS,
 };
 pub use policy::{Alternative, Decision, Explanation, FilterCount, Outcome, Policy};

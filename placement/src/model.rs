@@ -494,6 +494,27 @@ fn core_speed(arch: &str, max_mhz: u32) -> f64 {
     (per_ghz * ghz).clamp(0.05, 4.0)
 }
 
+/// One core's speed relative to the reference core, and where it came
+/// from: the agent's calibration (or the operator's figure) where the node
+/// reports one, the model's lookup from the architecture and clock
+/// otherwise.
+pub fn cpu_speed_of(capability: &Capability) -> (f64, starling_proto::Source) {
+    match capability
+        .cpu
+        .speed
+        .filter(|speed| speed.is_finite() && *speed > 0.0)
+    {
+        Some(speed) => (
+            f64::from(speed).clamp(0.05, 4.0),
+            capability.cpu.speed_source,
+        ),
+        None => (
+            core_speed(capability.arch.as_str(), capability.cpu.max_mhz),
+            starling_proto::Source::Model,
+        ),
+    }
+}
+
 impl NodeView {
     /// Builds the engine's view of a real node from its reports (relative speeds,
     /// power model, free amounts). Without telemetry the node is taken as idle.
@@ -504,7 +525,7 @@ impl NodeView {
     ) -> NodeView {
         let arch = capability.arch.as_str().to_owned();
         let cpu_cores = f64::from(capability.cpu.cores.max(1));
-        let cpu_speed = core_speed(&arch, capability.cpu.max_mhz);
+        let (cpu_speed, _) = cpu_speed_of(capability);
         let gpu = GpuCapacity::from_devices(&capability.gpus, cpu_speed);
         let io_mbps = capability
             .disks
@@ -714,6 +735,8 @@ mod tests {
                 cores: 4,
                 min_mhz: 600,
                 max_mhz: 1500,
+                speed: None,
+                speed_source: Default::default(),
             },
             memory_bytes: 4 << 30,
             runtimes: Default::default(),
@@ -734,6 +757,7 @@ mod tests {
                         speed_factor: speed,
                         idle_watts: 1.25,
                         active_watts: active,
+                        source: Default::default(),
                     })
                     .unwrap();
             }
@@ -795,6 +819,34 @@ mod tests {
         assert_eq!(view.load.queued_tasks, 0);
         assert_eq!(view.labels, vec![Label::parse("zone=lab").unwrap()]);
         assert_eq!(view.queue_state().to_array(), [0.0, 0.0, 1e6, 0.0, 1.0]);
+    }
+
+    #[test]
+    fn a_measured_speed_replaces_the_lookup_and_says_so() {
+        let mut reported = capability("x86_64");
+        assert_eq!(
+            cpu_speed_of(&reported),
+            (0.5, starling_proto::Source::Model)
+        );
+        // Calibrated at a fifth of what the clock suggests (a shared or
+        // throttled core): the measurement decides.
+        reported.cpu.speed = Some(0.1);
+        reported.cpu.speed_source = starling_proto::Source::Measured;
+        assert_eq!(
+            cpu_speed_of(&reported),
+            (f64::from(0.1f32), starling_proto::Source::Measured)
+        );
+        let view = NodeView::from_reports(&reported, None, true);
+        assert!((view.cpu_speed - 0.1).abs() < 1e-6);
+        // Past the model's bounds, clamped as the lookup is; a broken
+        // figure (the ingest refuses it first) falls back to the lookup.
+        reported.cpu.speed = Some(100.0);
+        assert_eq!(cpu_speed_of(&reported).0, 4.0);
+        reported.cpu.speed = Some(f32::NAN);
+        assert_eq!(
+            cpu_speed_of(&reported),
+            (0.5, starling_proto::Source::Model)
+        );
     }
 
     #[test]

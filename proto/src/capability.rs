@@ -30,6 +30,36 @@ impl Runtime {
     }
 }
 
+/// Where a figure a node reports came from, so that whoever shows or uses
+/// it can say which it is ("3.1 J (sensor)" beside "≈ 3.5 J (model)").
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Source {
+    /// Measured by the agent: a benchmark, a probe, a timed transfer.
+    Measured,
+    /// Read from a hardware sensor: an energy counter, a power gauge, a
+    /// GPU's load counter.
+    Sensor,
+    /// Computed from a model of the hardware (what older agents' figures
+    /// all are, hence the default).
+    #[default]
+    Model,
+    /// Declared by the operator in the agent's configuration.
+    Operator,
+}
+
+impl Source {
+    /// The wire name, which is also what people are shown.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Source::Measured => "measured",
+            Source::Sensor => "sensor",
+            Source::Model => "model",
+            Source::Operator => "operator",
+        }
+    }
+}
+
 /// The node's processor.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct CpuInfo {
@@ -41,6 +71,16 @@ pub struct CpuInfo {
     pub min_mhz: u32,
     /// Highest frequency in MHz (0 when unknown).
     pub max_mhz: u32,
+    /// One core's speed relative to the reference core (placement's unit:
+    /// 1.0 runs a second of reference work in a second), when the agent
+    /// measured it; without it the coordinator models the speed from the
+    /// architecture and `max_mhz`.
+    #[serde(default)]
+    pub speed: Option<f32>,
+    /// Where `speed` came from (`measured` by the agent's calibration,
+    /// `operator` when declared); `model` when there is none.
+    #[serde(default)]
+    pub speed_source: Source,
 }
 
 /// What kind of OpenCL device a GPU entry is.
@@ -150,6 +190,10 @@ pub struct PowerLevel {
     pub idle_watts: f32,
     /// Power drawn when fully busy at this level, in watts.
     pub active_watts: f32,
+    /// Where the watts came from: the agent's `model` unless a sensor or
+    /// the operator gave them.
+    #[serde(default)]
+    pub source: Source,
 }
 
 /// Whether a node can apply the power level chosen for a task.
@@ -241,6 +285,14 @@ impl Capability {
     /// with these, and one NaN would make every comparison with the node
     /// false (a broken or hostile agent would attract work).
     pub fn problems(&self) -> Option<alloc::string::String> {
+        if let Some(speed) = self.cpu.speed {
+            // A speed of 0 would make every estimate on the node infinite.
+            if !(speed.is_finite() && speed > 0.0) {
+                return Some(alloc::format!(
+                    "the cpu's speed {speed} is not a finite number above 0"
+                ));
+            }
+        }
         for gpu in &self.gpus {
             if let Some(gflops) = gpu.gflops {
                 if let Some(problem) = non_negative("gflops of a GPU", gflops) {

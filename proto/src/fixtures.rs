@@ -48,6 +48,8 @@ pub fn capability(node: &str) -> Capability {
             cores: 4,
             min_mhz: 800,
             max_mhz: 3000,
+            speed: None,
+            speed_source: Default::default(),
         },
         memory_bytes: 8 << 30,
         gpus: Default::default(),
@@ -83,6 +85,8 @@ pub fn telemetry(node: &str, seq: u64, uptime_ms: u64) -> Telemetry {
         queued_tasks: 0,
         power_level: 0,
         energy_joules: 0.0,
+        energy_source: Default::default(),
+        gpu_load: None,
         attempts: Default::default(),
         attempts_complete: false,
     }

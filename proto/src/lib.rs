@@ -28,7 +28,7 @@ pub mod topic;
 
 pub use capability::{
     Capability, CpuInfo, DiskInfo, GpuDevice, GpuKind, NetInterface, PowerControl, PowerLevel,
-    RateSource, Runtime, WasmEngine,
+    RateSource, Runtime, Source, WasmEngine,
 };
 pub use codec::{decode, decode_stored, encode, DecodeError, EncodeError, Message};
 pub use ids::{Digest, IdError, Label, NodeId, TaskId};

@@ -2,6 +2,7 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::capability::Source;
 use crate::ids::{NodeId, TaskId};
 use crate::limits::MAX_LISTED_ATTEMPTS;
 
@@ -15,7 +16,7 @@ pub struct AttemptRef {
 }
 
 /// The network path from the node to the broker, as the agent measured it.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct LinkState {
     /// Round-trip time to the broker in milliseconds, when measured.
     pub rtt_ms: Option<f32>,
@@ -52,8 +53,18 @@ pub struct Telemetry {
     pub queued_tasks: u16,
     /// The power level in force (an index into the capability's levels).
     pub power_level: u8,
-    /// Estimated energy used since the agent started, in joules.
+    /// Energy used since the agent started, in joules: read from the
+    /// node's energy sensors where it has them, modelled from its load
+    /// otherwise (`energy_source` says which).
     pub energy_joules: f64,
+    /// Where `energy_joules` came from: `sensor` or `model` (older agents:
+    /// model).
+    #[serde(default)]
+    pub energy_source: Source,
+    /// The busiest GPU's load over the last period, 0..=1, where the kernel
+    /// exposes it (a sensor reading); absent elsewhere.
+    #[serde(default)]
+    pub gpu_load: Option<f32>,
     /// The attempts the node holds unfinished (accepted, waiting for a slot
     /// or running), at most [`MAX_LISTED_ATTEMPTS`]. The coordinator
     /// reconciles them with its own view: an attempt it does not know (or
@@ -83,11 +94,22 @@ impl Telemetry {
             ),
             ("link.loss", self.link.loss.map(f64::from)),
             ("energy_joules", Some(self.energy_joules)),
+            ("gpu_load", self.gpu_load.map(f64::from)),
         ];
-        figures.into_iter().find_map(|(name, value)| {
+        let negative_or_not_finite = figures.into_iter().find_map(|(name, value)| {
             value
                 .filter(|value| bad(*value))
                 .map(|value| alloc::format!("{name} {value} is not a finite, non-negative number"))
+        });
+        negative_or_not_finite.or_else(|| {
+            // Fractions: a loss or a load past 1 is a broken sensor or a lie.
+            [("link.loss", self.link.loss), ("gpu_load", self.gpu_load)]
+                .into_iter()
+                .find_map(|(name, value)| {
+                    value
+                        .filter(|value| *value > 1.0)
+                        .map(|value| alloc::format!("{name} {value} is more than 1"))
+                })
         })
     }
 }

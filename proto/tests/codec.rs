@@ -59,6 +59,8 @@ fn capability() -> impl Strategy<Value = Capability> {
                         cores,
                         min_mhz: min,
                         max_mhz: max,
+                        speed: None,
+                        speed_source: Default::default(),
                     },
                     memory_bytes: memory,
                     gpus: heapless::Vec::new(),
@@ -108,6 +110,7 @@ fn capability() -> impl Strategy<Value = Capability> {
                             speed_factor: s,
                             idle_watts: idle,
                             active_watts: active,
+                            source: Default::default(),
                         })
                         .unwrap();
                 }
@@ -229,6 +232,8 @@ fn telemetry() -> impl Strategy<Value = Telemetry> {
             queued_tasks: 2,
             power_level: 1,
             energy_joules: 12.5,
+            energy_source: Default::default(),
+            gpu_load: None,
             attempts: Default::default(),
             attempts_complete: false,
         })
@@ -665,6 +670,9 @@ proptest! {
                 device.gflops = Some(bad);
                 assert_refused(&gpu, &format!("gflops {bad}"));
             }
+            let mut speed = cap.clone();
+            speed.cpu.speed = Some(bad);
+            assert_refused(&speed, &format!("cpu speed {bad}"));
             let mut disk = cap.clone();
             if let Some(entry) = disk.disks.first_mut() {
                 entry.read_mbps = bad;
@@ -704,6 +712,24 @@ proptest! {
             let mut energy = report.clone();
             energy.energy_joules = f64::from(bad);
             assert_refused(&energy, &format!("energy_joules {bad}"));
+            let mut gpu = report.clone();
+            gpu.gpu_load = Some(bad);
+            assert_refused(&gpu, &format!("gpu_load {bad}"));
+        }
+        // Fractions past 1: a broken sensor or a node lying about its link.
+        for field in 0..2 {
+            let mut broken = report.clone();
+            match field {
+                0 => broken.link.loss = Some(1.5),
+                _ => broken.gpu_load = Some(1.5),
+            }
+            prop_assert!(encode(&broken).is_err());
+            match decode::<Telemetry>(&unchecked_bytes(&broken)) {
+                Err(DecodeError::Invalid { detail, .. }) => {
+                    prop_assert!(detail.contains("more than 1"), "{}", detail);
+                }
+                other => prop_assert!(false, "fraction field {} decoded: {:?}", field, other),
+            }
         }
     }
 

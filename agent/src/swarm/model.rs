@@ -153,6 +153,8 @@ impl TelemetrySource for ModelledTelemetry {
             queued_tasks: u16::try_from(counts.queued).unwrap_or(u16::MAX),
             power_level,
             energy_joules: self.energy_joules,
+            energy_source: Default::default(),
+            gpu_load: None,
             attempts: Default::default(),
             attempts_complete: false,
         }

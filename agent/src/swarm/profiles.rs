@@ -519,6 +519,7 @@ impl DeviceProfile {
                 speed_factor: *speed,
                 idle_watts: self.idle_watts,
                 active_watts: self.idle_watts + dynamic * speed.powf(DVFS_EXPONENT),
+                source: Default::default(),
             })
             .collect()
     }
@@ -640,6 +641,8 @@ impl DeviceProfile {
                 cores: self.cores,
                 min_mhz: (self.max_mhz as f32 * self.level_speeds[0]) as u32,
                 max_mhz: self.max_mhz,
+                speed: None,
+                speed_source: Default::default(),
             },
             memory_bytes: self.memory_bytes(),
             gpus,

@@ -11,8 +11,9 @@
 //! the class's.
 //!
 //! A node that has not run an artifact (or a class of work) yet borrows
-//! what the others measured ([`share_priors`]: the mean of their
-//! corrections, as a prior its own first sample replaces). Without it, the
+//! what the others measured ([`share_priors`]: the median of their
+//! corrections, as a prior its own first sample replaces; one node that
+//! lies about itself does not move it). Without it, the
 //! first node to finish an artifact whose declared work is off would look
 //! faster or slower than every other node for it, and either take all of it
 //! or none, never letting the others show what they do.
@@ -99,49 +100,52 @@ pub enum CorrectionSource {
 }
 
 /// Gives every node, for each artifact and class it has no sample of, the
-/// mean of the corrections the nodes that have samples learned (a prior:
+/// median of the corrections the nodes that have samples learned (a prior:
 /// `samples` 0, which the node's first own sample replaces). Earlier priors
 /// are recomputed; own corrections are never changed, and a node's list of
 /// artifacts past [`MAX_ARTIFACTS`] takes no prior.
+///
+/// The median, not the mean: what one node learned is what it ran, and a
+/// node that lies about its speed learns a factor far from the others'. Of
+/// three or more nodes, one such node moves no other node's prior at all
+/// (the mean would carry a share of its lie to every node that has not run
+/// the work); of two, the median is their mean.
 pub fn share_priors(nodes: &mut [NodeView]) {
-    let mut class_sums = [(0.0_f64, 0_u32); 3];
-    let mut artifact_sums: Vec<(u64, f64, u32)> = Vec::new();
+    let mut class_ratios: [Vec<f64>; 3] = Default::default();
+    let mut artifact_ratios: Vec<(u64, Vec<f64>)> = Vec::new();
     for node in nodes.iter() {
-        for (slot, correction) in class_sums.iter_mut().zip(&node.corrections.by_class) {
+        for (ratios, correction) in class_ratios.iter_mut().zip(&node.corrections.by_class) {
             if correction.samples > 0 {
-                slot.0 += correction.log_ratio;
-                slot.1 += 1;
+                ratios.push(correction.log_ratio);
             }
         }
         for (artifact, correction) in &node.corrections.by_artifact {
             if correction.samples == 0 {
                 continue;
             }
-            match artifact_sums.iter_mut().find(|(key, _, _)| key == artifact) {
-                Some(sum) => {
-                    sum.1 += correction.log_ratio;
-                    sum.2 += 1;
-                }
-                None => artifact_sums.push((*artifact, correction.log_ratio, 1)),
+            match artifact_ratios.iter_mut().find(|(key, _)| key == artifact) {
+                Some((_, ratios)) => ratios.push(correction.log_ratio),
+                None => artifact_ratios.push((*artifact, vec![correction.log_ratio])),
             }
         }
     }
+    let class_priors = class_ratios.map(|mut ratios| median(&mut ratios).unwrap_or(0.0));
+    let artifact_priors: Vec<(u64, f64)> = artifact_ratios
+        .into_iter()
+        .filter_map(|(artifact, mut ratios)| Some((artifact, median(&mut ratios)?)))
+        .collect();
     for node in nodes.iter_mut() {
         let corrections = &mut node.corrections;
-        for (correction, (sum, count)) in corrections.by_class.iter_mut().zip(class_sums) {
+        for (correction, prior) in corrections.by_class.iter_mut().zip(class_priors) {
             if correction.samples == 0 {
-                correction.log_ratio = if count > 0 {
-                    sum / f64::from(count)
-                } else {
-                    0.0
-                };
+                correction.log_ratio = prior;
             }
         }
         // Earlier priors go; own corrections stay.
         corrections
             .by_artifact
             .retain(|(_, correction)| correction.samples > 0);
-        for (artifact, sum, count) in &artifact_sums {
+        for (artifact, prior) in &artifact_priors {
             if corrections.by_artifact.len() >= MAX_ARTIFACTS {
                 break;
             }
@@ -153,13 +157,27 @@ pub fn share_priors(nodes: &mut [NodeView]) {
                 corrections.by_artifact.push((
                     *artifact,
                     Correction {
-                        log_ratio: sum / f64::from(*count),
+                        log_ratio: *prior,
                         samples: 0,
                     },
                 ));
             }
         }
     }
+}
+
+/// The median (the mean of the middle two of an even count); `None` of none.
+fn median(values: &mut [f64]) -> Option<f64> {
+    if values.is_empty() {
+        return None;
+    }
+    values.sort_by(f64::total_cmp);
+    let middle = values.len() / 2;
+    Some(if values.len().is_multiple_of(2) {
+        (values[middle - 1] + values[middle]) / 2.0
+    } else {
+        values[middle]
+    })
 }
 
 /// The key an artifact's corrections are kept under: a 64-bit FNV-1a hash
@@ -398,6 +416,37 @@ mod tests {
             "no duplicate entry: {:?}",
             nodes[2].corrections.by_artifact
         );
+    }
+
+    #[test]
+    fn one_lying_node_does_not_move_the_priors_of_the_others() {
+        let mut nodes: Vec<NodeView> = ["honest-1", "honest-2", "liar", "new"]
+            .iter()
+            .map(|id| crate::testing::node(id, 4.0, 1.0))
+            .collect();
+        let mut work = task(1, TaskClass::Cpu);
+        work.artifact = 9;
+        // Two honest nodes run it as modelled; the liar declared 100× its
+        // speed and runs it a hundred times slower than estimated (learning
+        // is capped at ×2 a sample, so twenty samples take it all the way).
+        for _ in 0..20 {
+            nodes[0].corrections.observe(&work, 1.0, 1.0);
+            nodes[1].corrections.observe(&work, 1.0, 1.1);
+            nodes[2].corrections.observe(&work, 1.0, 100.0);
+        }
+        assert!(nodes[2].corrections.factor(&work) > 50.0);
+        share_priors(&mut nodes);
+        // The newcomer's prior is the honest nodes' (the median of three),
+        // where a mean would have put it at about 4.8 (log-mean of 1, 1.1, 100).
+        for (prior, source) in [
+            nodes[3].corrections.for_task(&work),
+            nodes[3].corrections.for_work(TaskClass::Cpu, 0),
+        ] {
+            assert!(
+                source == CorrectionSource::FleetArtifact || source == CorrectionSource::FleetClass
+            );
+            assert!((prior.factor() - 1.1).abs() < 0.01, "{prior:?}");
+        }
     }
 
     #[test]

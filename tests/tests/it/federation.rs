@@ -55,6 +55,13 @@ fn wait_site(watchers: &[&Coordinator], site: &str, state: &str, timeout: Durati
     }
 }
 
+/// The work each flooded task declares, and its deadline: six tasks' worth
+/// for each of a site's two slots cannot all finish in time, while one
+/// task forwarded to a peer with a slot free can (the peers' nodes share
+/// this machine's two cores, so a busy site-a makes them report load too).
+const WORK_S: f64 = 1.0;
+const DEADLINE_MS: u64 = 3_000;
+
 /// Submits `count` tasks to `coordinator` over REST, each estimated at
 /// `work_s` seconds with a deadline `deadline_ms` from now.
 fn flood(
@@ -206,8 +213,13 @@ fn three_sites_discover_spill_detect_a_cut_and_rejoin() {
     let dir = tempfile::tempdir().unwrap();
     let digest = a.publish_spin(dir.path(), modules::SPIN_SECOND / 2);
 
-    // A flood at A: two slots cannot finish twelve 2-second tasks within 4 s.
-    let ids = flood(&a, &digest, 12, 2.0, 4_000);
+    // A flood at A: two slots cannot finish twelve 1-second tasks within
+    // 3 s. Each task declares about what the module takes (half a second
+    // of spinning on this class of machine, more beside the other sites'
+    // work): the sites learn run times from what ran (issue 35), and work
+    // declared four times too long taught site-a that it could finish
+    // every wave itself, so nothing was left to spill.
+    let ids = flood(&a, &digest, 12, WORK_S, DEADLINE_MS);
     let ran_at = settle(&a, &ids, Duration::from_secs(90));
     let spilled: HashSet<&str> = ran_at.iter().flatten().map(String::as_str).collect();
     assert!(
@@ -236,17 +248,28 @@ fn three_sites_discover_spill_detect_a_cut_and_rejoin() {
     let deadline = Instant::now() + Duration::from_secs(90);
     let mut ids: Vec<String> = Vec::new();
     let at_c = 'waves: loop {
-        ids.extend(flood(&a, &digest, 12, 2.0, 4_000));
+        // Twice the first flood: once site-a has learned that the module
+        // runs faster than declared, twelve fit its own slots in time.
+        ids.extend(flood(&a, &digest, 24, WORK_S, DEADLINE_MS));
         let wave = Instant::now();
         while wave.elapsed() < Duration::from_secs(15) {
-            let at_c: Vec<String> = ids
+            // One list call a round: a CLI process per task (72 by the
+            // last wave, ten times a second) kept the machine busy enough
+            // that every site's nodes reported themselves full.
+            let (status, text) = a.http("GET", "/api/v1/tasks?limit=1000", None);
+            assert_eq!(status, 200, "{text}");
+            let list: serde_json::Value = serde_json::from_str(&text).unwrap();
+            let at_c: Vec<String> = list["tasks"]
+                .as_array()
+                .unwrap()
                 .iter()
-                .filter(|id| {
-                    let task = a.task(id);
+                .filter(|task| {
                     task["site"] == "site-c"
                         && !matches!(task["state"].as_str(), Some("succeeded" | "failed"))
                 })
-                .cloned()
+                .filter_map(|task| task["id"].as_str())
+                .filter(|id| ids.iter().any(|sent| sent == id))
+                .map(str::to_string)
                 .collect();
             if !at_c.is_empty() {
                 break 'waves at_c;
@@ -282,7 +305,7 @@ fn three_sites_discover_spill_detect_a_cut_and_rejoin() {
         at_c.len()
     );
     assert!(taken_back >= 1, "no forward to site-c was taken back");
-    let ids = flood(&a, &digest, 8, 2.0, 4_000);
+    let ids = flood(&a, &digest, 8, WORK_S, DEADLINE_MS);
     let ran_at = settle(&a, &ids, Duration::from_secs(90));
     assert!(
         ran_at.iter().all(|s| s.as_deref() != Some("site-c")),
@@ -295,7 +318,7 @@ fn three_sites_discover_spill_detect_a_cut_and_rejoin() {
     println!("site-c back: alive again at site-a and site-b in {rejoined:?}");
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
-        let ids = flood(&a, &digest, 12, 2.0, 4_000);
+        let ids = flood(&a, &digest, 24, WORK_S, DEADLINE_MS);
         let ran_at = settle(&a, &ids, Duration::from_secs(90));
         if ran_at.iter().any(|s| s.as_deref() == Some("site-c")) {
             break;

@@ -229,6 +229,8 @@ impl HollowNode {
                 cores,
                 min_mhz: 800,
                 max_mhz: 3000,
+                speed: None,
+                speed_source: Default::default(),
             },
             runtimes: Default::default(),
             ..starling_proto::fixtures::capability(node)

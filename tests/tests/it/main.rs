@@ -25,6 +25,7 @@ mod faults;
 mod federation;
 mod first_boot;
 mod liveness;
+mod measured;
 mod opencl;
 mod precompiled;
 mod replicas;

@@ -93,7 +93,7 @@ fn candidates(value: &Value, chosen: Option<&str>) -> Markup {
             p.muted { "No candidate passed the filters." }
         } @else {
             table.candidates {
-                thead { tr { th { "" } th { "Node" } th.num { "Power level" } th.num { "Score" } th.num { "Predicted finish" } th.num { "Energy" } th { "Note" } } }
+                thead { tr { th { "" } th { "Node" } th.num { "Power level" } th.num { "Score" } th.num { "Predicted finish" } th.num { "Energy (model)" } th { "Note" } } }
                 tbody {
                     @for (i, alternative) in alternatives.iter().enumerate() {
                         tr class=[(chosen_index == Some(i)).then_some("chosen")] {
@@ -102,7 +102,7 @@ fn candidates(value: &Value, chosen: Option<&str>) -> Markup {
                             td.num { (alternative.get("power_level").and_then(Value::as_u64).map_or("–".to_owned(), |l| l.to_string())) }
                             td.num { (number(alternative.get("score")).map_or("–".to_owned(), |s| format!("{s:.3}"))) }
                             td.num { (finish(number(alternative.get("finish_ms")))) }
-                            td.num { (number(alternative.get("energy_joules")).map_or("–".to_owned(), |j| format!("{j:.2} J"))) }
+                            td.num { (number(alternative.get("energy_joules")).map_or("–".to_owned(), |j| format!("≈ {j:.2} J"))) }
                             td.wrap { (text(alternative.get("note")).unwrap_or("")) }
                         }
                     }

@@ -102,6 +102,11 @@ pub(crate) struct NodeView {
     pub(crate) memory_used: Option<f32>,
     pub(crate) rtt_ms: Option<f32>,
     pub(crate) running_tasks: Option<u16>,
+    /// Joules since the agent started, and whether a sensor or the model
+    /// gave them.
+    pub(crate) energy: Option<(f64, starling_proto::Source)>,
+    /// The busiest GPU's load, where a sensor reports it.
+    pub(crate) gpu_load: Option<f32>,
     pub(crate) labels: Vec<String>,
     pub(crate) site: String,
     pub(crate) samples: Vec<Sample>,
@@ -139,6 +144,8 @@ impl NodeView {
             memory_used,
             rtt_ms: telemetry.and_then(|t| t.link.rtt_ms),
             running_tasks: telemetry.map(|t| t.running_tasks),
+            energy: telemetry.map(|t| (t.energy_joules, t.energy_source)),
+            gpu_load: telemetry.and_then(|t| t.gpu_load),
             labels: capability.labels.iter().map(ToString::to_string).collect(),
             site: node_site(entry, own_site),
             samples,
@@ -168,6 +175,15 @@ pub(crate) fn node_event(id: &str) -> String {
 /// The SSE event name that carries a task's row.
 pub(crate) fn task_event(id: &str) -> String {
     format!("t-{}", hex_id(id))
+}
+
+/// A figure and where it came from, as people read it: "3.1 J (sensor)",
+/// "≈ 3.5 J (model)".
+pub(crate) fn sourced(text: String, source: starling_proto::Source) -> String {
+    match source {
+        starling_proto::Source::Model => format!("≈ {text} (model)"),
+        other => format!("{text} ({})", other.as_str()),
+    }
 }
 
 /// A node's state badge.

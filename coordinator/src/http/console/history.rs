@@ -25,6 +25,8 @@ pub(crate) struct Sample {
     pub(crate) memory_used: f32,
     /// Round trip to the broker, ms.
     pub(crate) rtt_ms: Option<f32>,
+    /// The busiest GPU's load, 0..=1, where a sensor reports it.
+    pub(crate) gpu_load: Option<f32>,
 }
 
 impl From<&TelemetrySample> for Sample {
@@ -34,6 +36,7 @@ impl From<&TelemetrySample> for Sample {
             cpu_load: sample.cpu_load,
             memory_used: sample.memory_used,
             rtt_ms: sample.rtt_ms,
+            gpu_load: sample.gpu_load,
         }
     }
 }
@@ -127,6 +130,7 @@ mod tests {
             cpu_load: 0.5,
             memory_used: 0.25,
             rtt_ms: Some(3.0),
+            gpu_load: None,
         }
     }
 

@@ -69,14 +69,17 @@ pub(crate) fn row_sparklines(samples: &[Sample]) -> (Markup, Markup, Markup) {
     )
 }
 
-/// The node page's plot: CPU load and memory (0–100 %, left scale) and RTT
-/// (right scale) over the samples kept.
+/// The node page's plot: CPU load, memory and, where a sensor reports it,
+/// GPU load (0–100 %, left scale) and RTT (right scale) over the samples
+/// kept.
 pub(crate) fn plot(samples: &[Sample]) -> Markup {
     let (width, height) = (600.0, 160.0);
     let cpu: Vec<Option<f32>> = samples.iter().map(|s| Some(s.cpu_load)).collect();
     let memory: Vec<Option<f32>> = samples.iter().map(|s| Some(s.memory_used)).collect();
     let rtt: Vec<Option<f32>> = samples.iter().map(|s| s.rtt_ms).collect();
     let rtt_max = rtt_scale(samples);
+    let gpu: Vec<Option<f32>> = samples.iter().map(|s| s.gpu_load).collect();
+    let has_gpu = gpu.iter().any(Option::is_some);
     let seconds = match (samples.first(), samples.last()) {
         (Some(first), Some(last)) => last.at_ms.saturating_sub(first.at_ms) / 1000,
         _ => 0,
@@ -93,12 +96,16 @@ pub(crate) fn plot(samples: &[Sample]) -> Markup {
                 polyline.cpu points=(points(&cpu, 1.0, width, height)) fill="none" {}
                 polyline.mem points=(points(&memory, 1.0, width, height)) fill="none" {}
                 polyline.rtt points=(points(&rtt, rtt_max, width, height)) fill="none" {}
+                @if has_gpu {
+                    polyline.gpu points=(points(&gpu, 1.0, width, height)) fill="none" {}
+                }
                 text x="0" y=(height + 20.0) { (format!("last {seconds} s, {} samples", samples.len())) }
             }
             figcaption {
                 span.key.cpu { "CPU load" } " "
                 span.key.mem { "memory in use" } " "
                 span.key.rtt { "round trip (right scale)" }
+                @if has_gpu { " " span.key.gpu { "GPU load (sensor)" } }
             }
         }
     }

@@ -14,7 +14,7 @@ use starling_placement::TaskClass;
 use starling_proto::NodeId;
 
 use super::super::fragments::{
-    liveness, own_site, segment, state_badge, task_row, NodeState, NodeView,
+    liveness, own_site, segment, sourced, state_badge, task_row, NodeState, NodeView,
 };
 use super::super::layout::{ago, bytes, percent, respond, utc, Caller, ConsoleError, Section};
 use super::super::svg::plot;
@@ -53,6 +53,8 @@ pub(crate) fn live_section(view: &NodeView, now_ms: u64) -> Markup {
             dt { "Memory in use" } dd { (view.memory_used.map_or("–".to_owned(), percent)) }
             dt { "Round trip" } dd { (view.rtt_ms.map_or("–".to_owned(), |rtt| format!("{rtt:.1} ms"))) }
             dt { "Running tasks" } dd { (view.running_tasks.map_or("–".to_owned(), |n| n.to_string())) }
+            dt { "Energy since start" } dd { (view.energy.map_or("–".to_owned(), |(joules, source)| sourced(format!("{joules:.1} J"), source))) }
+            dt { "GPU load" } dd { (view.gpu_load.map_or("–".to_owned(), |load| sourced(percent(load), starling_proto::Source::Sensor))) }
         }
         (plot(&view.samples))
     }
@@ -112,6 +114,8 @@ fn estimates(entry: &NodeEntry) -> Markup {
 
 fn capability(entry: &NodeEntry) -> Markup {
     let capability = &entry.capability;
+    let (speed, speed_source) = starling_placement::cpu_speed_of(capability);
+    let speed = sourced(format!("{speed:.2}× the reference core"), speed_source);
     let link = entry.telemetry.as_ref().map(|t| &t.link);
     html! {
         section {
@@ -121,6 +125,7 @@ fn capability(entry: &NodeEntry) -> Markup {
                 dt { "OS / arch" } dd { (capability.os.as_str()) " / " (capability.arch.as_str()) }
                 dt { "CPU" } dd { (capability.cpu.model.as_str()) ", " (capability.cpu.cores) " cores, "
                     (capability.cpu.min_mhz) "–" (capability.cpu.max_mhz) " MHz" }
+                dt { "Speed per core" } dd { (speed) }
                 dt { "Memory" } dd { (bytes(capability.memory_bytes)) }
                 dt { "Runtimes" } dd { (capability.runtimes.iter().map(|r| r.as_str()).collect::<Vec<_>>().join(", ")) }
                 dt { "Wasm engine" } dd {
@@ -190,11 +195,12 @@ fn capability(entry: &NodeEntry) -> Markup {
             }
             h2 { "Power levels" }
             table {
-                thead { tr { th.num { "Level" } th { "Name" } th.num { "Speed" } th.num { "Idle W" } th.num { "Active W" } } }
+                thead { tr { th.num { "Level" } th { "Name" } th.num { "Speed" } th.num { "Idle W" } th.num { "Active W" } th { "Watts from" } } }
                 tbody {
                     @for level in &capability.power_levels {
                         tr { td.num { (level.level) } td { (level.name.as_str()) } td.num { (format!("{:.2}×", level.speed_factor)) }
-                            td.num { (format!("{:.1}", level.idle_watts)) } td.num { (format!("{:.1}", level.active_watts)) } }
+                            td.num { (format!("{:.1}", level.idle_watts)) } td.num { (format!("{:.1}", level.active_watts)) }
+                            td { (level.source.as_str()) } }
                     }
                 }
             }
