@@ -108,6 +108,7 @@ pub fn calibrate(
         times.push(run_started.elapsed());
     }
     times.sort_unstable();
+    // At least MIN_RUNS (3) times: the loop above runs until there are.
     let median = times[times.len() / 2];
     let mean_capacity = if capacities.is_empty() {
         1.0
